@@ -1,0 +1,160 @@
+#pragma once
+// The NVFP4 number format: E2M1 element codes, E4M3 ("fn") block scales and the
+// quantization of one 16-element block. Host and device share this code, so the
+// CPU reference and the kernels round identically by construction; the codecs
+// themselves are tested exhaustively and against ml_dtypes.
+//
+// Non-finite inputs (decided here, documented in docs/format.md): a NaN or +-Inf
+// element is stored as +0 and does not take part in the block's amax, so one bad
+// value never poisons its 15 neighbours and the cache never holds a NaN. The
+// count of such elements is returned with every quantized block.
+#include "nvfp4kv/core/config.hpp"
+
+namespace nvfp4kv {
+
+inline constexpr int kBlockSize = 16;       // elements per block scale
+inline constexpr float kE2M1Max = 6.0f;
+inline constexpr float kE4M3Max = 448.0f;
+inline constexpr uint8_t kE4M3MaxCode = 0x7E;  // 0x7F is NaN in the "fn" variant
+
+// ---- E2M1 ----------------------------------------------------------------
+// Code: bit 3 sign, bits 0-2 magnitude index into {0, .5, 1, 1.5, 2, 3, 4, 6}.
+NVFP4KV_HD float e2m1_decode(uint8_t code) {
+  const uint8_t mag = code & 7u;
+  // exponent field e = mag >> 1 (bias 1), mantissa m = mag & 1.
+  const float v = (mag < 2) ? 0.5f * float(mag)
+                            : float(2 + (mag & 1)) * float(1 << ((mag >> 1) - 1)) * 0.5f;
+  return (code & 8u) ? -v : v;
+}
+
+// Round to nearest, ties to the even code, saturating at +-6. The sign is kept,
+// so a small negative value becomes -0 (code 8), as ml_dtypes and the hardware do.
+// NaN encodes as +0; the block quantizer never passes one in.
+NVFP4KV_HD uint8_t e2m1_encode(float x) {
+  const float a = x < 0.0f ? -x : x;
+  if (!(a == a)) return 0;
+  uint8_t m;
+  if (a <= 0.25f) m = 0;       // tie 0.25 -> 0
+  else if (a < 0.75f) m = 1;   // tie 0.75 -> 1.0
+  else if (a <= 1.25f) m = 2;  // tie 1.25 -> 1.0
+  else if (a < 1.75f) m = 3;   // tie 1.75 -> 2.0
+  else if (a <= 2.5f) m = 4;   // tie 2.5 -> 2.0
+  else if (a < 3.5f) m = 5;    // tie 3.5 -> 4.0
+  else if (a <= 5.0f) m = 6;   // tie 5 -> 4.0
+  else m = 7;                  // above 5 (and +-Inf) -> 6
+  return uint8_t((float_bits(x) >> 28) & 8u) | m;
+}
+
+// ---- E4M3 (fn) -----------------------------------------------------------
+// Bias 7, max 448, subnormals m * 2^-9, NaN = 0x7F / 0xFF, no Inf.
+NVFP4KV_HD float e4m3_decode(uint8_t code) {
+  const uint32_t e = (code >> 3) & 15u, m = code & 7u;
+  float v;
+  if (e == 15 && m == 7) {
+    v = bits_float(0x7FC00000u);
+  } else if (e == 0) {
+    v = float(m) * (1.0f / 512.0f);
+  } else {
+    v = bits_float(((e + 120u) << 23) | (m << 20));  // (1 + m/8) * 2^(e-7)
+  }
+  return (code & 0x80u) ? -v : v;
+}
+
+// Round to nearest even, saturating finite values and +-Inf to +-448 (PTX's
+// cvt.rn.satfinite); NaN stays NaN (0x7F).
+NVFP4KV_HD uint8_t e4m3_encode(float x) {
+  const uint32_t u = float_bits(x);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return 0x7F;
+  uint32_t code;
+  if (a < 0x3C800000u) {  // below 2^-6: subnormal grid of 2^-9, exact scaling
+    const float scaled = bits_float(a) * 512.0f;
+    const uint32_t whole = uint32_t(scaled);
+    const float frac = scaled - float(whole);
+    code = whole + ((frac > 0.5f || (frac == 0.5f && (whole & 1u))) ? 1u : 0u);
+  } else {
+    // Drop 20 mantissa bits with round-half-even; a carry moves the exponent.
+    const uint32_t rounded = (a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;
+    code = rounded - (120u << 3);  // rebias 127 -> 7
+    if (code > kE4M3MaxCode) code = kE4M3MaxCode;
+  }
+  return uint8_t(sign | code);
+}
+
+// ---- Block quantization --------------------------------------------------
+enum class ScaleRule : uint8_t {
+  kStandard,    // SF = e4m3(amax / global / 6)
+  kFourOverSix  // also try SF = e4m3(amax / global / 4); keep the lower squared error
+};
+
+struct QuantizedBlock {
+  uint8_t packed[kBlockSize / 2];  // element 2i in the low nibble of byte i
+  uint8_t scale;                   // E4M3 block scale
+  uint8_t non_finite;              // inputs that were NaN or +-Inf (stored as +0)
+};
+
+namespace detail {
+
+NVFP4KV_HD bool is_finite(float x) { return (float_bits(x) & 0x7F800000u) != 0x7F800000u; }
+
+// Quantize with one candidate scale code; returns the squared reconstruction
+// error summed in element order (the order is part of the contract: 4over6's
+// choice must be the same on every device).
+NVFP4KV_HD float quantize_with_scale(const float* x, uint8_t scale, float global_scale,
+                                     uint8_t* packed) {
+  const float scale_f = e4m3_decode(scale);
+  const float block_scale = scale_f * global_scale;
+  const float inv = (scale == 0) ? 0.0f : 1.0f / block_scale;
+  float err = 0.0f;
+  for (int i = 0; i < kBlockSize; i += 2) {
+    const uint8_t lo = e2m1_encode(x[i] * inv), hi = e2m1_encode(x[i + 1] * inv);
+    packed[i / 2] = uint8_t(lo | (hi << 4));
+    const float d0 = (e2m1_decode(lo) * scale_f) * global_scale - x[i];
+    const float d1 = (e2m1_decode(hi) * scale_f) * global_scale - x[i + 1];
+    err = err + d0 * d0;
+    err = err + d1 * d1;
+  }
+  return err;
+}
+
+}  // namespace detail
+
+// global_scale is the dequant multiplier of this layer and side: finite, > 0.
+NVFP4KV_HD QuantizedBlock quantize_block(const float* in, float global_scale, ScaleRule rule) {
+  float x[kBlockSize];
+  float amax = 0.0f;
+  uint8_t non_finite = 0;
+  for (int i = 0; i < kBlockSize; ++i) {
+    const bool ok = detail::is_finite(in[i]);
+    x[i] = ok ? in[i] : 0.0f;
+    non_finite += ok ? 0 : 1;
+    const float a = x[i] < 0.0f ? -x[i] : x[i];
+    amax = a > amax ? a : amax;
+  }
+  const float target = amax * (1.0f / global_scale);
+  QuantizedBlock q{};
+  q.non_finite = non_finite;
+  q.scale = e4m3_encode(target / 6.0f);
+  const float err6 = detail::quantize_with_scale(x, q.scale, global_scale, q.packed);
+  if (rule == ScaleRule::kFourOverSix) {
+    QuantizedBlock alt{};
+    alt.scale = e4m3_encode(target / 4.0f);
+    const float err4 = detail::quantize_with_scale(x, alt.scale, global_scale, alt.packed);
+    if (err4 < err6) {
+      alt.non_finite = non_finite;
+      return alt;
+    }
+  }
+  return q;
+}
+
+// Element i of a block, dequantized: (e2m1 * scale) is exact in fp32, so one
+// rounding happens, at the multiplication by the global scale.
+NVFP4KV_HD float dequantize_element(uint8_t packed_byte, int nibble, uint8_t scale,
+                                    float global_scale) {
+  const uint8_t code = nibble ? (packed_byte >> 4) : (packed_byte & 15u);
+  return (e2m1_decode(code) * e4m3_decode(scale)) * global_scale;
+}
+
+}  // namespace nvfp4kv

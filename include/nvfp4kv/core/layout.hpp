@@ -1,0 +1,166 @@
+#pragma once
+// Layouts as values: describe an NVFP4 KV cache, prove it sound, compare two
+// descriptions of the same bytes. See docs/layouts.md for the model and the text form.
+#include <array>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "nvfp4kv/core/layout_view.hpp"
+
+namespace nvfp4kv {
+
+// Bad input to the layout machinery (unparsable text, open sizes, impossible
+// parameters). The message says what to change.
+class LayoutError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+const char* region_name(Region r);          // "k_data", "k_scale", "v_data", "v_scale"
+std::optional<Region> region_from_name(std::string_view name);
+const char* permutation_name(ScalePermutation p);  // "linear", "interleave4"
+inline constexpr std::array<Region, kRegionCount> kAllRegions = {Region::kKData, Region::kKScale,
+                                                                Region::kVData, Region::kVScale};
+
+struct Buffer {
+  std::string name;
+  int64_t bytes = 0;       // size of one allocation
+  bool per_layer = false;  // one allocation per layer (regions in it have no layer stride)
+};
+
+// A concrete layout: every size bound, every stride a number. Not yet proven sound.
+struct Layout {
+  std::string name;
+  std::string summary;
+  CacheDims dims;
+  std::vector<Buffer> buffers;
+  std::array<RegionMap, kRegionCount> regions{};
+
+  const RegionMap& region(Region r) const { return regions[size_t(r)]; }
+  int64_t offset(Region r, const Coord& c) const { return region_offset(region(r), dims.scale_bytes(), c); }
+  // Layers whose bytes live in the same allocation (1 for per-layer buffers).
+  int64_t layers_in(const Buffer& b) const { return b.per_layer ? 1 : dims.layers; }
+  // Bytes of all allocations, over all layers.
+  int64_t total_bytes() const;
+};
+
+// "k_data[layer 0, page 0, token 8, head 0, byte 0]" (group instead of byte for scales).
+std::string describe_element(Region r, const Coord& c);
+
+struct Collision {
+  Region a, b;
+  Coord coord_a, coord_b;
+  std::string buffer;
+  int64_t byte = 0;
+  std::string message() const;
+};
+
+struct RegionAlignment {
+  int vector_bytes = 1;  // widest power-of-two load (<= 16) every row of the region allows
+  int64_t row_bytes = 0;  // contiguous bytes per row (4 token rows for interleave4)
+};
+
+struct CheckReport {
+  bool ok = false;
+  std::vector<std::string> problems;     // human-readable, the first one is the verdict
+  std::optional<Collision> collision;    // the first collision found (see docs/layouts.md)
+  std::vector<std::string> colliding_pairs;  // e.g. "k_data/k_scale", within one page cell
+  std::array<RegionAlignment, kRegionCount> alignment{};
+  int64_t elements = 0;  // logical elements covered by the proof (all layers, all pages)
+  int64_t elements_enumerated = 0;  // elements visited explicitly to prove it
+  double seconds = 0;
+  std::string summary() const;
+};
+
+// A layout that passed check(). Only check() can make one; kernels take only this.
+class ValidLayout {
+ public:
+  const Layout& layout() const { return layout_; }
+  const CheckReport& report() const { return report_; }
+  LayoutView view() const;
+
+ private:
+  friend struct CheckResult check(const Layout& layout);
+  ValidLayout(Layout l, CheckReport r) : layout_(std::move(l)), report_(std::move(r)) {}
+  Layout layout_;
+  CheckReport report_;
+};
+
+struct CheckResult {
+  CheckReport report;
+  std::optional<ValidLayout> valid;  // set iff report.ok
+};
+
+// Exact over the whole allocation: bounds, preconditions, no shared byte between
+// any two elements of any regions, layers and pages. Never samples.
+CheckResult check(const Layout& layout);
+
+// Throws LayoutError with the report's verdict unless the layout is sound.
+ValidLayout validate(const Layout& layout);
+
+// ---- writer vs reader -------------------------------------------------------
+struct Misplacement {
+  Region region;
+  Coord coord;
+  std::string writer_buffer, reader_buffer;
+  int64_t writer_byte = 0, reader_byte = 0;
+};
+
+struct CompareReport {
+  bool agree = false;
+  int64_t elements = 0;     // all layers, pages, regions
+  int64_t misplaced = 0;    // elements the two place at different (buffer, byte)
+  std::array<int64_t, kRegionCount> misplaced_per_region{};
+  std::vector<Misplacement> examples;  // the first few, in coordinate order
+  std::string summary(const std::string& writer_name, const std::string& reader_name) const;
+};
+
+// Exact count over the full domain. Both layouts must describe the same dims.
+CompareReport compare(const Layout& writer, const Layout& reader, int max_examples = 5);
+
+// ---- text form ----------------------------------------------------------------
+// Sizes a layout file may leave open; set ones override the file's defaults.
+struct DimsOverride {
+  std::optional<int64_t> layers, pages, tokens_per_page, heads, head_dim;
+};
+
+// A parsed layout description with strides still as expressions over
+// L P N H D dd sd F (docs/layouts.md).
+struct LayoutSpec {
+  std::string name, summary, source_text;
+  DimsOverride defaults;
+  std::vector<std::pair<std::string, std::string>> lets;  // named sub-expressions, in order
+  struct BufferSpec {
+    std::string name;
+    std::optional<std::string> bytes;  // expression; absent: exactly what the regions need
+    bool per_layer = false;
+  };
+  std::vector<BufferSpec> buffers;
+  struct RegionSpec {
+    std::string buffer, offset, layer, page, token, head, column;
+    ScalePermutation permutation = ScalePermutation::kLinear;
+  };
+  std::array<RegionSpec, kRegionCount> regions;
+};
+
+LayoutSpec parse_layout_spec(std::string_view json_text);          // throws LayoutError
+Layout instantiate(const LayoutSpec& spec, const DimsOverride& dims);  // throws LayoutError
+std::string to_json(const Layout& layout);                          // concrete, numbers only
+
+// ---- presets --------------------------------------------------------------------
+struct PresetInfo {
+  std::string name, summary;
+};
+std::vector<PresetInfo> list_presets();
+LayoutSpec preset_spec(std::string_view name);  // throws LayoutError naming the presets
+// A preset name, or a path to a JSON file.
+LayoutSpec load_spec(std::string_view name_or_path);
+
+// ---- byte map -------------------------------------------------------------------
+// A picture of one page (layer, page) per buffer: which region owns each byte.
+std::string byte_map(const Layout& layout, int64_t layer = 0, int64_t page = 0, int max_lines = 40);
+
+}  // namespace nvfp4kv

@@ -1,0 +1,39 @@
+#pragma once
+// Planning an allocation: from model and memory sizes to nvfp4kv's native
+// layout, its bytes per page and its token capacity (docs/layouts.md says why
+// the native layout looks the way it does).
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nvfp4kv/core/layout.hpp"
+
+namespace nvfp4kv {
+
+struct PlanRequest {
+  int64_t layers = 0;
+  int64_t kv_heads = 0;  // of the whole model
+  int64_t head_dim = 0;
+  int64_t tokens_per_page = 16;
+  std::optional<int64_t> memory_bytes;  // budget for this rank's KV cache, all layers
+  std::optional<int64_t> pages;         // or a page count
+  int64_t tp_size = 1, tp_rank = 0;
+  bool cross_layer = false;  // one allocation for all layers instead of one per layer
+  ScalePermutation v_scales = ScalePermutation::kLinear;
+};
+
+struct Plan {
+  ValidLayout layout;
+  int64_t heads_per_rank = 0;
+  std::vector<int64_t> rank_heads;      // global kv-head indices this rank holds
+  int64_t bytes_per_page_per_layer = 0;
+  int64_t bytes_per_page = 0;           // all layers
+  int64_t token_capacity = 0;
+  int64_t total_bytes = 0;
+  std::string summary() const;
+};
+
+// Throws LayoutError saying what to change when the request is impossible.
+Plan plan(const PlanRequest& request);
+
+}  // namespace nvfp4kv

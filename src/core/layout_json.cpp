@@ -1,0 +1,239 @@
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "nvfp4kv/core/expr.hpp"
+#include "nvfp4kv/core/layout.hpp"
+
+namespace nvfp4kv {
+
+__extension__ typedef __int128 i128;
+namespace {
+
+using json = nlohmann::json;
+
+std::string expr_text(const json& v, const std::string& where) {
+  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  if (v.is_string()) return v.get<std::string>();
+  throw LayoutError(where + ": expected an integer or an expression string, got " + v.dump());
+}
+
+void require_keys(const json& obj, std::initializer_list<const char*> allowed, const std::string& where) {
+  if (!obj.is_object()) throw LayoutError(where + ": expected an object, got " + obj.dump());
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    bool known = false;
+    for (const char* k : allowed) known |= it.key() == k;
+    if (!known) {
+      std::string list;
+      for (const char* k : allowed) list += std::string(list.empty() ? "" : ", ") + k;
+      throw LayoutError(where + ": unknown key \"" + it.key() + "\" (allowed: " + list + ")");
+    }
+  }
+}
+
+std::optional<int64_t> dim_value(const json& dims, const char* key) {
+  if (!dims.contains(key)) return std::nullopt;
+  const json& v = dims[key];
+  if (!v.is_number_integer()) throw LayoutError(std::string("dims.") + key + ": expected an integer, got " + v.dump());
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
+LayoutSpec parse_layout_spec(std::string_view text) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {
+    throw LayoutError(std::string("layout text is not valid JSON: ") + e.what());
+  }
+  require_keys(doc, {"name", "summary", "source", "dims", "let", "buffers", "regions"}, "layout");
+  LayoutSpec spec;
+  spec.source_text = std::string(text);
+  if (!doc.contains("name") || !doc["name"].is_string()) throw LayoutError("layout: \"name\" (a string) is required");
+  spec.name = doc["name"].get<std::string>();
+  if (doc.contains("summary")) {
+    if (!doc["summary"].is_string()) throw LayoutError("layout: \"summary\" must be a string");
+    spec.summary = doc["summary"].get<std::string>();
+  }
+  if (doc.contains("dims")) {
+    const json& d = doc["dims"];
+    require_keys(d, {"layers", "pages", "tokens_per_page", "heads", "head_dim"}, "dims");
+    spec.defaults = {dim_value(d, "layers"), dim_value(d, "pages"), dim_value(d, "tokens_per_page"),
+                     dim_value(d, "heads"), dim_value(d, "head_dim")};
+  }
+  if (doc.contains("let")) {
+    const json& lets = doc["let"];
+    if (!lets.is_array()) throw LayoutError("let: expected an array of [name, expression] pairs");
+    for (const json& kv : lets) {
+      if (!kv.is_array() || kv.size() != 2 || !kv[0].is_string())
+        throw LayoutError("let: each entry is [\"NAME\", expression], got " + kv.dump());
+      spec.lets.emplace_back(kv[0].get<std::string>(), expr_text(kv[1], "let " + kv[0].get<std::string>()));
+    }
+  }
+  if (!doc.contains("buffers") || !doc["buffers"].is_array() || doc["buffers"].empty())
+    throw LayoutError("layout: \"buffers\" (a non-empty array) is required");
+  for (const json& b : doc["buffers"]) {
+    require_keys(b, {"name", "bytes", "per_layer"}, "buffer");
+    LayoutSpec::BufferSpec bs;
+    if (!b.contains("name") || !b["name"].is_string()) throw LayoutError("buffer: \"name\" (a string) is required");
+    bs.name = b["name"].get<std::string>();
+    if (b.contains("bytes")) bs.bytes = expr_text(b["bytes"], "buffer " + bs.name + " bytes");
+    if (b.contains("per_layer")) {
+      if (!b["per_layer"].is_boolean()) throw LayoutError("buffer " + bs.name + ": per_layer must be true or false");
+      bs.per_layer = b["per_layer"].get<bool>();
+    } else {
+      bs.per_layer = true;
+    }
+    spec.buffers.push_back(bs);
+  }
+  if (!doc.contains("regions")) throw LayoutError("layout: \"regions\" is required");
+  const json& regions = doc["regions"];
+  require_keys(regions, {"k_data", "k_scale", "v_data", "v_scale"}, "regions");
+  for (Region r : kAllRegions) {
+    const std::string rn = region_name(r);
+    if (!regions.contains(rn)) throw LayoutError("regions: \"" + rn + "\" is missing; all four regions are required");
+    const json& j = regions[rn];
+    require_keys(j, {"buffer", "offset", "layer", "page", "token", "head", "column", "permutation"}, rn);
+    LayoutSpec::RegionSpec& rs = spec.regions[size_t(r)];
+    if (j.contains("buffer")) {
+      if (!j["buffer"].is_string()) throw LayoutError(rn + ".buffer must be a buffer name");
+      rs.buffer = j["buffer"].get<std::string>();
+    } else if (spec.buffers.size() == 1) {
+      rs.buffer = spec.buffers[0].name;
+    } else {
+      throw LayoutError(rn + ": \"buffer\" is required when the layout has several buffers");
+    }
+    for (auto [key, field] : {std::pair{"page", &rs.page}, {"token", &rs.token}, {"head", &rs.head}}) {
+      if (!j.contains(key)) throw LayoutError(rn + ": the \"" + key + "\" stride is required");
+      *field = expr_text(j[key], rn + "." + key);
+    }
+    rs.offset = j.contains("offset") ? expr_text(j["offset"], rn + ".offset") : "0";
+    rs.column = j.contains("column") ? expr_text(j["column"], rn + ".column") : "1";
+    if (j.contains("layer")) rs.layer = expr_text(j["layer"], rn + ".layer");
+    if (j.contains("permutation")) {
+      const json& p = j["permutation"];
+      if (p == "linear") rs.permutation = ScalePermutation::kLinear;
+      else if (p == "interleave4") rs.permutation = ScalePermutation::kInterleave4;
+      else throw LayoutError(rn + ".permutation: expected \"linear\" or \"interleave4\", got " + p.dump());
+    }
+  }
+  return spec;
+}
+
+Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
+  Layout l;
+  l.name = spec.name;
+  l.summary = spec.summary;
+  const auto pick = [&](std::optional<int64_t> o, std::optional<int64_t> d) { return o ? o : d; };
+  const std::optional<int64_t> L = pick(over.layers, spec.defaults.layers).value_or(1);
+  const std::optional<int64_t> P = pick(over.pages, spec.defaults.pages);
+  const std::optional<int64_t> N = pick(over.tokens_per_page, spec.defaults.tokens_per_page);
+  const std::optional<int64_t> H = pick(over.heads, spec.defaults.heads);
+  const std::optional<int64_t> D = pick(over.head_dim, spec.defaults.head_dim);
+  std::string open;
+  for (auto [v, flag] : {std::pair{P, "--pages"}, {N, "--tokens-per-page"}, {H, "--heads"}, {D, "--head-dim"}})
+    if (!v) open += std::string(open.empty() ? "" : ", ") + flag;
+  if (!open.empty()) throw LayoutError("layout \"" + spec.name + "\" leaves sizes open: give " + open);
+  for (auto [v, what] : {std::pair{*L, "layers"}, {*P, "pages"}, {*N, "tokens per page"}, {*H, "heads"}})
+    if (v < 1) throw LayoutError(std::string(what) + " must be >= 1, got " + std::to_string(v));
+  if (*D < 16 || *D % 16 != 0)
+    throw LayoutError("head dim must be a positive multiple of 16 (one E4M3 scale per 16 values), got " +
+                      std::to_string(*D));
+  l.dims = {*L, *P, *N, *H, *D};
+  std::map<std::string, int64_t, std::less<>> symbols = {
+      {"L", *L}, {"P", *P}, {"N", *N}, {"H", *H}, {"D", *D},
+      {"dd", *D / 2}, {"sd", *D / 16}, {"F", *D / 2 + *D / 16}};
+  const SymbolLookup lookup = [&](std::string_view name) -> std::optional<int64_t> {
+    auto it = symbols.find(name);
+    if (it == symbols.end()) return std::nullopt;
+    return it->second;
+  };
+  const auto eval = [&](const std::string& text, const std::string& where) {
+    try {
+      return evaluate_expression(text, lookup);
+    } catch (const LayoutError& e) {
+      throw LayoutError(where + ": " + e.what());
+    }
+  };
+  for (const auto& [name, text] : spec.lets) {
+    if (symbols.count(name)) throw LayoutError("let " + name + ": the name is already defined");
+    symbols[name] = eval(text, "let " + name);
+  }
+  for (const auto& bs : spec.buffers) l.buffers.push_back({bs.name, 0, bs.per_layer});
+  for (Region r : kAllRegions) {
+    const auto& rs = spec.regions[size_t(r)];
+    const std::string rn = region_name(r);
+    RegionMap& m = l.regions[size_t(r)];
+    m.buffer = -1;
+    for (size_t i = 0; i < spec.buffers.size(); ++i)
+      if (spec.buffers[i].name == rs.buffer) m.buffer = int32_t(i);
+    if (m.buffer < 0) throw LayoutError(rn + " names buffer \"" + rs.buffer + "\", which the layout does not declare");
+    const bool per_layer = spec.buffers[size_t(m.buffer)].per_layer;
+    if (rs.layer.empty() && !per_layer)
+      throw LayoutError(rn + ": buffer \"" + rs.buffer + "\" holds all layers (per_layer false), so a \"layer\" stride is required");
+    m.offset = eval(rs.offset, rn + ".offset");
+    m.layer = rs.layer.empty() ? 0 : eval(rs.layer, rn + ".layer");
+    m.page = eval(rs.page, rn + ".page");
+    m.token = eval(rs.token, rn + ".token");
+    m.head = eval(rs.head, rn + ".head");
+    m.column = eval(rs.column, rn + ".column");
+    m.permutation = rs.permutation;
+  }
+  for (size_t i = 0; i < spec.buffers.size(); ++i) {
+    if (spec.buffers[i].bytes) {
+      l.buffers[i].bytes = eval(*spec.buffers[i].bytes, "buffer " + spec.buffers[i].name + " bytes");
+      continue;
+    }
+    // No size given: exactly what the regions in it reach (strides >= 0 assumed; check() verifies).
+    i128 need = 0;
+    for (Region r : kAllRegions) {
+      const RegionMap& m = l.regions[size_t(r)];
+      if (m.buffer != int32_t(i)) continue;
+      const Coord c{l.layers_in(l.buffers[i]) - 1, l.dims.pages - 1, l.dims.tokens_per_page - 1, l.dims.heads - 1,
+                    l.dims.columns(r) - 1};
+      need = std::max<i128>(need, i128(l.offset(r, c)) + 1);
+    }
+    l.buffers[i].bytes = int64_t(std::min<i128>(need, INT64_MAX));
+  }
+  return l;
+}
+
+std::string to_json(const Layout& l) {
+  json doc;
+  doc["name"] = l.name;
+  if (!l.summary.empty()) doc["summary"] = l.summary;
+  doc["dims"] = {{"layers", l.dims.layers}, {"pages", l.dims.pages}, {"tokens_per_page", l.dims.tokens_per_page},
+                 {"heads", l.dims.heads}, {"head_dim", l.dims.head_dim}};
+  doc["buffers"] = json::array();
+  for (const Buffer& b : l.buffers) doc["buffers"].push_back({{"name", b.name}, {"bytes", b.bytes}, {"per_layer", b.per_layer}});
+  for (Region r : kAllRegions) {
+    const RegionMap& m = l.region(r);
+    json j = {{"buffer", l.buffers.at(size_t(m.buffer)).name}, {"offset", m.offset}, {"page", m.page},
+              {"token", m.token}, {"head", m.head}, {"column", m.column}, {"permutation", permutation_name(m.permutation)}};
+    if (!l.buffers.at(size_t(m.buffer)).per_layer) j["layer"] = m.layer;
+    doc["regions"][region_name(r)] = j;
+  }
+  return doc.dump(2);
+}
+
+LayoutSpec load_spec(std::string_view name_or_path) {
+  for (const PresetInfo& p : list_presets())
+    if (p.name == name_or_path) return preset_spec(name_or_path);
+  std::ifstream in{std::string(name_or_path)};
+  if (!in) {
+    std::string names;
+    for (const PresetInfo& p : list_presets()) names += " " + p.name;
+    throw LayoutError("\"" + std::string(name_or_path) + "\" is neither a preset nor a readable file; presets:" + names);
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    return parse_layout_spec(text.str());
+  } catch (const LayoutError& e) {
+    throw LayoutError(std::string(name_or_path) + ": " + e.what());
+  }
+}
+
+}  // namespace nvfp4kv

@@ -1,0 +1,103 @@
+#include "nvfp4kv/core/plan.hpp"
+
+#include <sstream>
+
+namespace nvfp4kv {
+
+__extension__ typedef __int128 i128;
+namespace {
+
+std::string bytes_text(int64_t b) {
+  std::ostringstream s;
+  s.precision(3);
+  if (b >= (int64_t(1) << 30)) s << double(b) / double(int64_t(1) << 30) << " GiB";
+  else if (b >= (int64_t(1) << 20)) s << double(b) / double(int64_t(1) << 20) << " MiB";
+  else if (b >= 1024) s << double(b) / 1024.0 << " KiB";
+  else s << b << " B";
+  return s.str();
+}
+
+}  // namespace
+
+Plan plan(const PlanRequest& q) {
+  auto fail = [](const std::string& m) { throw LayoutError("plan: " + m); };
+  if (q.layers < 1) fail("layers must be >= 1, got " + std::to_string(q.layers));
+  if (q.kv_heads < 1) fail("kv heads must be >= 1, got " + std::to_string(q.kv_heads));
+  if (q.head_dim < 16 || q.head_dim % 16 != 0)
+    fail("head dim must be a positive multiple of 16 (one E4M3 scale per 16 values), got " +
+         std::to_string(q.head_dim) + "; pad the head dim up to " +
+         std::to_string((std::max<int64_t>(q.head_dim, 1) + 15) / 16 * 16));
+  if (q.tokens_per_page < 1) fail("tokens per page must be >= 1, got " + std::to_string(q.tokens_per_page));
+  if (q.v_scales == ScalePermutation::kInterleave4) {
+    if (q.head_dim % 64 != 0)
+      fail("interleaved V scales need head dim % 64 == 0, got " + std::to_string(q.head_dim) + "; use linear V scales");
+    if (q.tokens_per_page % 4 != 0)
+      fail("interleaved V scales need tokens per page % 4 == 0, got " + std::to_string(q.tokens_per_page) +
+           "; use a multiple of 4 or linear V scales");
+  }
+  if (q.tp_size < 1) fail("tensor-parallel size must be >= 1, got " + std::to_string(q.tp_size));
+  if (q.tp_rank < 0 || q.tp_rank >= q.tp_size)
+    fail("tensor-parallel rank must be in [0, " + std::to_string(q.tp_size) + "), got " + std::to_string(q.tp_rank));
+  int64_t heads_per_rank = 0;
+  std::vector<int64_t> rank_heads;
+  if (q.kv_heads % q.tp_size == 0) {
+    heads_per_rank = q.kv_heads / q.tp_size;
+    for (int64_t h = 0; h < heads_per_rank; ++h) rank_heads.push_back(q.tp_rank * heads_per_rank + h);
+  } else if (q.tp_size % q.kv_heads == 0) {
+    heads_per_rank = 1;  // more ranks than kv heads: each head is replicated on tp / kv_heads ranks
+    rank_heads.push_back(q.tp_rank / (q.tp_size / q.kv_heads));
+  } else {
+    fail("tensor-parallel size " + std::to_string(q.tp_size) + " and " + std::to_string(q.kv_heads) +
+         " kv heads: one must divide the other; use a tensor-parallel size that divides " + std::to_string(q.kv_heads) +
+         " or is a multiple of it");
+  }
+  if (q.memory_bytes && q.pages) fail("give either a memory budget or a page count, not both");
+  if (!q.memory_bytes && !q.pages) fail("give a memory budget (--memory) or a page count (--pages)");
+  // Bytes of one page of one layer, from the native layout itself.
+  const Layout one = instantiate(preset_spec("nvfp4kv-native"), {1, 1, q.tokens_per_page, heads_per_rank, q.head_dim});
+  const int64_t page_layer = one.buffers[0].bytes;
+  const i128 page_all = i128(page_layer) * q.layers;
+  int64_t pages = 0;
+  if (q.pages) {
+    if (*q.pages < 1) fail("page count must be >= 1, got " + std::to_string(*q.pages));
+    pages = *q.pages;
+  } else {
+    if (*q.memory_bytes < 1) fail("memory budget must be > 0 bytes, got " + std::to_string(*q.memory_bytes));
+    pages = int64_t(i128(*q.memory_bytes) / page_all);
+    if (pages < 1)
+      fail("a budget of " + bytes_text(*q.memory_bytes) + " holds no page: one page of all " + std::to_string(q.layers) +
+           " layers needs " + std::to_string(int64_t(page_all)) + " bytes; raise the budget or lower tokens per page");
+  }
+  const i128 total = page_all * pages;
+  if (total > i128(INT64_MAX) / 4 || i128(pages) * q.tokens_per_page > INT64_MAX / 4)
+    fail("the allocation overflows 64-bit sizes; lower the page count or budget");
+  Layout layout = instantiate(preset_spec(q.cross_layer ? "nvfp4kv-native-layers" : "nvfp4kv-native"),
+                              {q.layers, pages, q.tokens_per_page, heads_per_rank, q.head_dim});
+  layout.regions[size_t(Region::kVScale)].permutation = q.v_scales;
+  return Plan{validate(layout), heads_per_rank, rank_heads, page_layer, int64_t(page_all),
+              pages * q.tokens_per_page, int64_t(total)};
+}
+
+std::string Plan::summary() const {
+  const Layout& l = layout.layout();
+  const CacheDims& d = l.dims;
+  const int64_t useful = 2 * d.heads * d.tokens_per_page * (d.data_bytes() + d.scale_bytes());
+  std::ostringstream s;
+  s << "layout          " << l.name << (l.buffers[0].per_layer ? " (one buffer per layer)" : " (one buffer, all layers)") << "\n"
+    << "kv heads/rank   " << heads_per_rank << " (global heads";
+  for (int64_t h : rank_heads) s << " " << h;
+  s << ")\n"
+    << "page            " << d.tokens_per_page << " tokens, " << bytes_per_page_per_layer << " B per layer ("
+    << useful << " B of data and scales), " << bytes_per_page << " B over " << d.layers << " layers\n"
+    << "pages           " << d.pages << "\n"
+    << "token capacity  " << token_capacity << "\n"
+    << "total           " << total_bytes << " B (" << bytes_text(total_bytes) << ")";
+  if (l.dims.layers > 1 || !l.buffers[0].per_layer)
+    s << "\nallocation      " << (l.buffers[0].per_layer ? std::to_string(d.layers) + " x " : std::string("1 x "))
+      << l.buffers[0].bytes << " B";
+  s << "\nper (page, head) one contiguous " << 2 * (l.region(Region::kVData).offset) << " B span (K then V), rows "
+    << layout.report().alignment[0].vector_bytes << "-byte aligned";
+  return s.str();
+}
+
+}  // namespace nvfp4kv

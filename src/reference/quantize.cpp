@@ -1,0 +1,52 @@
+#include "nvfp4kv/reference/quantize.hpp"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "nvfp4kv/core/global_scale.hpp"
+
+namespace nvfp4kv::reference {
+
+QuantizedTensor quantize(const void* input, ElementType type, DenseShape shape, float global_scale,
+                         ScaleRule rule) {
+  if (shape.tokens < 0 || shape.heads <= 0 || shape.head_dim <= 0 || shape.head_dim % kBlockSize != 0)
+    throw std::invalid_argument("reference::quantize: need heads > 0 and head_dim a positive multiple of 16, got heads " +
+                                std::to_string(shape.heads) + ", head_dim " + std::to_string(shape.head_dim));
+  require_valid_global_scale(global_scale, "reference::quantize");
+  QuantizedTensor q;
+  q.shape = shape;
+  const int64_t blocks = shape.elements() / kBlockSize;
+  q.data.resize(size_t(blocks) * (kBlockSize / 2));
+  q.scales.resize(size_t(blocks));
+  float x[kBlockSize];
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int i = 0; i < kBlockSize; ++i) x[i] = element_to_float(input, b * kBlockSize + i, type);
+    const QuantizedBlock qb = quantize_block(x, global_scale, rule);
+    for (int i = 0; i < kBlockSize / 2; ++i) q.data[size_t(b) * (kBlockSize / 2) + i] = qb.packed[i];
+    q.scales[size_t(b)] = qb.scale;
+    q.non_finite += qb.non_finite;
+  }
+  return q;
+}
+
+std::vector<float> dequantize(const QuantizedTensor& q, float global_scale) {
+  std::vector<float> out(size_t(q.shape.elements()));
+  for (size_t e = 0; e < out.size(); ++e)
+    out[e] = dequantize_element(q.data[e / 2], int(e % 2), q.scales[e / kBlockSize], global_scale);
+  return out;
+}
+
+ErrorStats error_stats(const std::vector<float>& reference, const std::vector<float>& approx) {
+  if (reference.size() != approx.size()) throw std::invalid_argument("error_stats: size mismatch");
+  double num = 0, den = 0, mx = 0;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    const double d = double(approx[i]) - double(reference[i]);
+    num += d * d;
+    den += double(reference[i]) * double(reference[i]);
+    mx = std::max(mx, std::fabs(d));
+  }
+  return {den > 0 ? std::sqrt(num / den) : std::sqrt(num), mx};
+}
+
+}  // namespace nvfp4kv::reference

@@ -1,0 +1,256 @@
+// The layout contract: expressions, the text form, the validator and compare.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "brute_force.hpp"
+#include "nvfp4kv/core/expr.hpp"
+#include "nvfp4kv/core/layout.hpp"
+
+namespace nvfp4kv {
+namespace {
+
+int64_t eval(const char* text) {
+  return evaluate_expression(text, [](std::string_view n) -> std::optional<int64_t> {
+    if (n == "H") return 8;
+    if (n == "N") return 16;
+    return std::nullopt;
+  });
+}
+
+TEST(Expr, EvaluatesWithPrecedenceAndSymbols) {
+  EXPECT_EQ(eval("2*H*N + 3"), 259);
+  EXPECT_EQ(eval("(N*8 + 15) / 16 * 16"), 128);
+  EXPECT_EQ(eval("-(3 - 10) % 4"), 3);
+  EXPECT_EQ(eval(" 7 "), 7);
+  EXPECT_THROW(eval("2*Q"), LayoutError);
+  EXPECT_THROW(eval("1/0"), LayoutError);
+  EXPECT_THROW(eval("9223372036854775807 + 1"), LayoutError);
+  EXPECT_THROW(eval("3000000000*3000000000*3"), LayoutError);
+  EXPECT_THROW(eval("(1 + 2"), LayoutError);
+  EXPECT_THROW(eval("1 +"), LayoutError);
+  EXPECT_THROW(eval("1 2"), LayoutError);
+  try {
+    eval("2*Q");
+  } catch (const LayoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("'Q'"), std::string::npos) << e.what();
+  }
+}
+
+const char* kTinyLayout = R"({
+  "name": "tiny", "dims": {"heads": 2, "head_dim": 32, "tokens_per_page": 4, "pages": 3},
+  "buffers": [{"name": "kv", "bytes": "P*2*H*N*F"}],
+  "regions": {
+    "k_data":  {"offset": 0,               "page": "2*H*N*F", "head": "N*dd", "token": "dd"},
+    "k_scale": {"offset": "H*N*dd",        "page": "2*H*N*F", "head": "N*sd", "token": "sd"},
+    "v_data":  {"offset": "H*N*F",         "page": "2*H*N*F", "head": "N*dd", "token": "dd"},
+    "v_scale": {"offset": "H*N*F+H*N*dd",  "page": "2*H*N*F", "head": "N*sd", "token": "sd"}
+  }})";
+
+TEST(LayoutText, ParsesInstantiatesAndPrintsBack) {
+  const Layout l = instantiate(parse_layout_spec(kTinyLayout), {});
+  EXPECT_EQ(l.dims.heads, 2);
+  EXPECT_EQ(l.dims.pages, 3);
+  EXPECT_EQ(l.buffers[0].bytes, 3 * 2 * 2 * 4 * 18);
+  EXPECT_EQ(l.region(Region::kVScale).offset, 2 * 4 * 18 + 2 * 4 * 16);
+  // The printed form loads back to the same layout.
+  const Layout again = instantiate(parse_layout_spec(to_json(l)), {});
+  EXPECT_EQ(to_json(again), to_json(l));
+  // Overrides win over the file's defaults.
+  EXPECT_EQ(instantiate(parse_layout_spec(kTinyLayout), {std::nullopt, 9}).dims.pages, 9);
+}
+
+TEST(LayoutText, RejectsBadTextWithAMessage) {
+  const auto msg = [](const std::string& text, const DimsOverride& d = {}) {
+    try {
+      instantiate(parse_layout_spec(text), d);
+    } catch (const LayoutError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(msg("{").find("not valid JSON"), std::string::npos);
+  std::string t = kTinyLayout;
+  EXPECT_NE(msg(std::string(t).replace(t.find("\"token\": \"dd\""), 7, "\"tokn\"")).find("unknown key \"tokn\""),
+            std::string::npos);
+  EXPECT_NE(msg(std::string(t).replace(t.find("\"heads\": 2, "), 12, "")).find("--heads"), std::string::npos);
+  EXPECT_NE(msg(t, {std::nullopt, std::nullopt, std::nullopt, std::nullopt, 40}).find("multiple of 16"),
+            std::string::npos);
+  EXPECT_NE(msg(std::string(t).replace(t.find("\"k_data\""), 8, "\"k_dat\"")).find("unknown key"), std::string::npos);
+}
+
+Layout tiny(const DimsOverride& d = {}) { return instantiate(parse_layout_spec(kTinyLayout), d); }
+
+TEST(Check, AcceptsASoundLayoutAndReportsAlignment) {
+  const CheckResult r = check(tiny());
+  ASSERT_TRUE(r.report.ok) << r.report.summary();
+  EXPECT_EQ(r.report.elements, 3 * 2 * 4 * (16 + 2) * 2);
+  EXPECT_EQ(r.report.alignment[0].vector_bytes, 16);  // data rows of 16 bytes at multiples of 16
+  EXPECT_EQ(r.report.alignment[1].vector_bytes, 2);   // scale rows of 2 bytes
+  ASSERT_TRUE(r.valid.has_value());
+  EXPECT_EQ(r.valid->view().offset(Region::kKScale, {0, 1, 2, 1, 1}), 2 * 2 * 4 * 18 + 2 * 4 * 16 + 1 * 8 + 2 * 2 + 1);
+}
+
+TEST(Check, RejectsOutOfBoundsNamingTheElement) {
+  Layout l = tiny();
+  l.buffers[0].bytes -= 1;
+  const CheckReport r = check(l).report;
+  ASSERT_FALSE(r.ok);
+  EXPECT_EQ(r.problems[0], "v_scale[layer 0, page 2, token 3, head 1, group 1] at byte " +
+                               std::to_string(l.buffers[0].bytes) + " is outside buffer \"kv\" of " +
+                               std::to_string(l.buffers[0].bytes) + " bytes");
+}
+
+TEST(Check, FindsCollisionsBetweenPages) {
+  Layout l = tiny();
+  for (auto& m : l.regions) m.page -= 1;  // each page one byte short: page 1 starts on page 0's last byte
+  const CheckReport r = check(l).report;
+  ASSERT_FALSE(r.ok);
+  ASSERT_TRUE(r.collision.has_value());
+  EXPECT_NE(r.collision->coord_a.page, r.collision->coord_b.page);
+  // The two named elements really share the named byte.
+  EXPECT_EQ(l.offset(r.collision->a, r.collision->coord_a), r.collision->byte);
+  EXPECT_EQ(l.offset(r.collision->b, r.collision->coord_b), r.collision->byte);
+}
+
+TEST(Check, ZeroStrideAcrossPagesCollides) {
+  Layout l = tiny();
+  l.regions[2].page = 0;
+  const CheckReport r = check(l).report;
+  ASSERT_FALSE(r.ok);
+  EXPECT_EQ(l.offset(r.collision->a, r.collision->coord_a), l.offset(r.collision->b, r.collision->coord_b));
+}
+
+TEST(Check, RejectsNegativeStridesAndBadPermutations) {
+  Layout l = tiny();
+  l.regions[0].token = -16;
+  EXPECT_NE(check(l).report.problems[0].find("negative token stride"), std::string::npos);
+  l = tiny();
+  l.regions[0].permutation = ScalePermutation::kInterleave4;
+  EXPECT_NE(check(l).report.problems[0].find("only scale planes"), std::string::npos);
+  // interleave4 preconditions: D % 64 (here D = 32), N % 4, contiguous plane
+  l = tiny();
+  l.regions[3].permutation = ScalePermutation::kInterleave4;
+  EXPECT_NE(check(l).report.problems[0].find("head dim % 64"), std::string::npos);
+  l = tiny({std::nullopt, std::nullopt, 6, std::nullopt, 64});
+  l.regions[3].permutation = ScalePermutation::kInterleave4;
+  EXPECT_NE(check(l).report.problems[0].find("tokens per page % 4"), std::string::npos);
+}
+
+TEST(Check, Interleave4IsAPermutationOfThePlane) {
+  for (int64_t n : {4, 8, 16, 64})
+    for (int64_t d : {64, 128, 256}) {
+      RegionMap m;
+      m.token = d / 16;
+      m.permutation = ScalePermutation::kInterleave4;
+      std::vector<int> seen(size_t(n * d / 16), 0);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t g = 0; g < d / 16; ++g) {
+          const int64_t o = region_offset(m, d / 16, {0, 0, t, 0, g});
+          ASSERT_GE(o, 0);
+          ASSERT_LT(o, n * d / 16);
+          seen[size_t(o)]++;
+        }
+      for (int s : seen) ASSERT_EQ(s, 1);
+      // The reference doc's formula, TensorRT-LLM's form: (t/4)*4*sd + g*4 + t%4.
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t g = 0; g < d / 16; ++g)
+          ASSERT_EQ(region_offset(m, d / 16, {0, 0, t, 0, g}), (t / 4) * 4 * (d / 16) + g * 4 + t % 4);
+    }
+}
+
+// Random small layouts, most of them broken: check() must agree with the
+// exhaustive ownership map every time, and a named collision must be real.
+TEST(Check, AgreesWithBruteForceOnRandomLayouts) {
+  std::mt19937_64 rng(99);
+  int sound = 0, rejected = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    auto pick = [&](int64_t lo, int64_t hi) { return lo + int64_t(rng() % uint64_t(hi - lo + 1)); };
+    Layout l;
+    l.name = "random";
+    l.dims = {pick(1, 3), pick(1, 4), pick(1, 5), pick(1, 3), 16 * pick(1, 2)};
+    const int nbuf = int(pick(1, 2));
+    for (int b = 0; b < nbuf; ++b) l.buffers.push_back({"b" + std::to_string(b), 1, rng() % 2 == 0});
+    for (Region r : kAllRegions) {
+      RegionMap& m = l.regions[size_t(r)];
+      m.buffer = int32_t(pick(0, nbuf - 1));
+      const int64_t cols = l.dims.columns(r);
+      // Mostly "nearly right" strides so that overlaps are subtle.
+      m.column = pick(0, 5) == 0 ? pick(0, 2) : 1;
+      m.token = cols * m.column + pick(-2, 2) * (rng() % 3 == 0);
+      m.head = m.token * l.dims.tokens_per_page + pick(-3, 3) * (rng() % 3 == 0);
+      m.page = m.head * l.dims.heads * pick(1, 3) + pick(-4, 4) * (rng() % 3 == 0);
+      m.layer = l.buffers[size_t(m.buffer)].per_layer ? 0 : m.page * l.dims.pages * pick(1, 2) + pick(-5, 5) * (rng() % 2);
+      if (m.token < 0) m.token = 0;
+      if (m.head < 0) m.head = 0;
+      if (m.page < 0) m.page = 0;
+      if (m.layer < 0) m.layer = 0;
+      // Usually right after the regions already placed in the same buffer, sometimes anywhere.
+      int64_t end = 0;
+      for (Region q : kAllRegions) {
+        if (q == r) break;
+        const RegionMap& o = l.region(q);
+        if (o.buffer != m.buffer) continue;
+        const Coord last{l.layers_in(l.buffers[size_t(o.buffer)]) - 1, l.dims.pages - 1, l.dims.tokens_per_page - 1,
+                         l.dims.heads - 1, l.dims.columns(q) - 1};
+        end = std::max(end, l.offset(q, last) + 1);
+      }
+      m.offset = rng() % 4 == 0 ? pick(0, 60) : end + pick(-2, 2) * (rng() % 3 == 0);
+      if (m.offset < 0) m.offset = 0;
+      if (m.token < 0) m.token = 0;
+      if (m.head < 0) m.head = 0;
+      if (m.page < 0) m.page = 0;
+      if (m.layer < 0) m.layer = 0;
+    }
+    for (Buffer& b : l.buffers) {
+      int64_t need = 1;
+      for (Region r : kAllRegions) {
+        const RegionMap& m = l.region(r);
+        if (l.buffers[size_t(m.buffer)].name != b.name) continue;
+        const Coord c{l.layers_in(b) - 1, l.dims.pages - 1, l.dims.tokens_per_page - 1, l.dims.heads - 1,
+                      l.dims.columns(r) - 1};
+        need = std::max(need, l.offset(r, c) + 1);
+      }
+      b.bytes = std::max<int64_t>(1, need - (rng() % 10 == 0 ? 1 : 0));
+    }
+    const CheckResult res = check(l);
+    const testing::BruteForce bf = testing::brute_force(l);
+    ASSERT_EQ(res.report.ok, !bf.overlap && !bf.out_of_bounds)
+        << "trial " << trial << ": " << res.report.summary() << "\n" << to_json(l);
+    if (res.report.collision) {
+      const Collision& c = *res.report.collision;
+      ASSERT_EQ(l.offset(c.a, c.coord_a), c.byte) << trial;
+      ASSERT_EQ(l.offset(c.b, c.coord_b), c.byte) << trial;
+      ASSERT_EQ(l.region(c.a).buffer, l.region(c.b).buffer);
+      ASSERT_TRUE(c.a != c.b || c.coord_a.layer != c.coord_b.layer || c.coord_a.page != c.coord_b.page ||
+                  c.coord_a.head != c.coord_b.head || c.coord_a.token != c.coord_b.token ||
+                  c.coord_a.column != c.coord_b.column);
+    }
+    (res.report.ok ? sound : rejected)++;
+  }
+  EXPECT_GT(sound, 300);
+  EXPECT_GT(rejected, 300);
+}
+
+TEST(Compare, CountsExactlyAcrossPagesAndLayers) {
+  const Layout a = tiny({4, 5});
+  EXPECT_TRUE(compare(a, a).agree);
+  Layout b = a;
+  b.regions[1].page += 1;  // k_scale of page p moves by p bytes: only page 0 agrees
+  b.buffers[0].bytes += 8;
+  const CompareReport r = compare(a, b);
+  EXPECT_FALSE(r.agree);
+  const int64_t per_page = 2 * 4 * 2;  // heads * tokens * groups
+  EXPECT_EQ(r.misplaced, 4 * 4 * per_page);
+  EXPECT_EQ(r.misplaced_per_region[1], 4 * 4 * per_page);
+  ASSERT_FALSE(r.examples.empty());
+  EXPECT_EQ(r.examples[0].region, Region::kKScale);
+  EXPECT_EQ(r.examples[0].coord.page, 1);
+  EXPECT_EQ(r.examples[0].reader_byte - r.examples[0].writer_byte, 1);
+  Layout c = a;
+  c.dims.heads = 4;
+  EXPECT_THROW(compare(a, c), LayoutError);
+}
+
+}  // namespace
+}  // namespace nvfp4kv

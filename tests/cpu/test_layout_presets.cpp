@@ -1,0 +1,157 @@
+// Every engine layout of the reference doc, section 2: formulas, verdicts and
+// the known-bad cases pinned.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "brute_force.hpp"
+#include "nvfp4kv/core/layout.hpp"
+
+namespace nvfp4kv {
+namespace {
+
+Layout preset(const char* name, const DimsOverride& d) { return instantiate(preset_spec(name), d); }
+
+const std::vector<std::string> kBroken = {"vllm-packed-nhd-writer", "vllm-packed-nhd-reader"};
+
+bool broken(const std::string& n) { return std::find(kBroken.begin(), kBroken.end(), n) != kBroken.end(); }
+
+TEST(Presets, VerdictsMatchTheExhaustiveOwnershipMapAtManySizes) {
+  int checked = 0;
+  for (const PresetInfo& p : list_presets())
+    for (int64_t layers : {1, 3})
+      for (int64_t heads : {1, 2, 8})
+        for (int64_t dim : {64, 128, 256})
+          for (int64_t n : {4, 16, 32}) {
+            const Layout l = preset(p.name.c_str(), {layers, 3, n, heads, dim});
+            const CheckReport r = check(l).report;
+            const testing::BruteForce bf = testing::brute_force(l);
+            ASSERT_EQ(r.ok, !bf.overlap && !bf.out_of_bounds) << p.name << ": " << r.summary();
+            ASSERT_EQ(r.ok, !broken(p.name)) << p.name << " H" << heads << " D" << dim << " N" << n << ": " << r.summary();
+            ++checked;
+          }
+  EXPECT_GE(checked, 13 * 54);
+}
+
+TEST(Presets, FormulasOfTheReferenceDoc) {
+  // vLLM legacy HND: K scale = b*P + H*N*dd + h*N*sd + t*sd + g, V base + H*N*F.
+  const int64_t H = 4, N = 16, D = 128, dd = 64, sd = 8, F = 72, P = 2 * H * N * F;
+  const Layout hnd = preset("vllm-legacy-hnd", {1, 5, N, H, D});
+  const Layout nhd = preset("vllm-legacy-nhd", {1, 5, N, H, D});
+  const Layout fi = preset("flashinfer-trtllm-gen-hnd", {1, 5, N, H, D});
+  const Layout trt = preset("trtllm", {1, 5, N, H, D});
+  for (int64_t b = 0; b < 5; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < N; ++t) {
+        for (int64_t j = 0; j < dd; ++j) {
+          ASSERT_EQ(hnd.offset(Region::kKData, {0, b, t, h, j}), b * P + h * N * dd + t * dd + j);
+          ASSERT_EQ(hnd.offset(Region::kVData, {0, b, t, h, j}), b * P + H * N * F + h * N * dd + t * dd + j);
+          ASSERT_EQ(nhd.offset(Region::kKData, {0, b, t, h, j}), b * P + t * H * dd + h * dd + j);
+        }
+        for (int64_t g = 0; g < sd; ++g) {
+          ASSERT_EQ(hnd.offset(Region::kKScale, {0, b, t, h, g}), b * P + H * N * dd + h * N * sd + t * sd + g);
+          ASSERT_EQ(nhd.offset(Region::kKScale, {0, b, t, h, g}), b * P + N * H * dd + t * H * sd + h * sd + g);
+          ASSERT_EQ(nhd.offset(Region::kVScale, {0, b, t, h, g}), b * P + N * H * F + N * H * dd + t * H * sd + h * sd + g);
+          // FlashInfer's V-scale swizzle inside each (page, head) plane of N x sd bytes.
+          const int64_t q = sd / 4;
+          ASSERT_EQ(fi.offset(Region::kVScale, {0, b, t, h, g}),
+                    (b * H + h) * N * sd + ((t / 4) * 4 + g / q) * sd + (g % q) * 4 + t % 4);
+          ASSERT_EQ(fi.offset(Region::kKScale, {0, b, t, h, g}), (b * H + h) * N * sd + t * sd + g);
+          // TensorRT-LLM's V scale index (tok/4)*4*sd + g*4 + tok%4 inside a (block, head) plane.
+          ASSERT_EQ(trt.offset(Region::kVScale, {0, b, t, h, g}),
+                    b * 2 * H * N * sd + H * N * sd + h * N * sd + (t / 4) * 4 * sd + g * 4 + t % 4);
+        }
+      }
+}
+
+TEST(Presets, VllmPackedNhdReaderFirstCollisionIsPinned) {
+  const CheckReport r = check(preset("vllm-packed-nhd-reader", {1, 1, 16, 1, 128})).report;
+  ASSERT_FALSE(r.ok);
+  ASSERT_TRUE(r.collision.has_value());
+  EXPECT_EQ(r.collision->message(),
+            "k_data[layer 0, page 0, token 8, head 0, byte 0] and k_scale[layer 0, page 0, token 0, head 0, group 0] "
+            "share byte 1024 of buffer \"kv\"");
+  // Bytes 1024-1031 are K data (t=8, j=0..7) and K scale (t=0, g=0..7).
+  const Layout l = preset("vllm-packed-nhd-reader", {1, 1, 16, 1, 128});
+  for (int64_t k = 0; k < 8; ++k) {
+    EXPECT_EQ(l.offset(Region::kKData, {0, 0, 8, 0, k}), 1024 + k);
+    EXPECT_EQ(l.offset(Region::kKScale, {0, 0, 0, 0, k}), 1024 + k);
+  }
+}
+
+TEST(Presets, VllmPackedNhdWriterOverlapsKWithV) {
+  const CheckReport r = check(preset("vllm-packed-nhd-writer", {1, 1, 16, 1, 128})).report;
+  ASSERT_FALSE(r.ok);
+  EXPECT_EQ(r.collision->message(),
+            "k_data[layer 0, page 0, token 1, head 0, byte 8] and v_data[layer 0, page 0, token 0, head 0, byte 0] "
+            "share byte 72 of buffer \"kv\"");
+  EXPECT_NE(std::find(r.colliding_pairs.begin(), r.colliding_pairs.end(), "k_scale/v_data"), r.colliding_pairs.end());
+}
+
+TEST(Presets, VllmPackedNhdWriterAndReaderDisagreeOnEveryTokenButZero) {
+  const DimsOverride d{1, 1, 16, 1, 128};
+  const CompareReport r = compare(preset("vllm-packed-nhd-writer", d), preset("vllm-packed-nhd-reader", d));
+  EXPECT_FALSE(r.agree);
+  // 15 of 16 tokens differ in every region: 2 sides x 15 x (64 + 8).
+  EXPECT_EQ(r.misplaced, 2160);
+  EXPECT_EQ(r.misplaced_per_region[0], 15 * 64);
+  EXPECT_EQ(r.misplaced_per_region[1], 15 * 8);
+  EXPECT_EQ(r.elements, 2 * 16 * 72);
+  ASSERT_FALSE(r.examples.empty());
+  EXPECT_EQ(r.examples[0].coord.token, 1);
+  // Over a full cache (8 heads, 1000 pages, 32 layers) the count scales exactly.
+  const DimsOverride big{32, 1000, 16, 8, 128};
+  const CompareReport r2 = compare(preset("vllm-packed-nhd-writer", big), preset("vllm-packed-nhd-reader", big));
+  // Only token 0 of head 0 agrees in each region: K/V data differ for (t, h) != (0, 0) since
+  // t*H*dd + h*dd == t*2H*dd + h*dd only at t == 0.
+  EXPECT_EQ(r2.misplaced, int64_t(32) * 1000 * 2 * 15 * 8 * 72);
+}
+
+TEST(Presets, SwizzledWriterAgainstLinearReaderDisagreesOnVScalesOnly) {
+  const DimsOverride d{1, 4, 16, 8, 128};
+  const CompareReport r = compare(preset("flashinfer-trtllm-gen-hnd", d), preset("flashinfer-hnd", d));
+  EXPECT_FALSE(r.agree);
+  EXPECT_EQ(r.misplaced_per_region[0], 0);
+  EXPECT_EQ(r.misplaced_per_region[1], 0);
+  EXPECT_EQ(r.misplaced_per_region[2], 0);
+  EXPECT_GT(r.misplaced_per_region[3], 0);
+  EXPECT_TRUE(compare(preset("vllm-legacy-hnd", d), preset("vllm-packed-hnd", d)).agree);
+}
+
+TEST(Presets, SwizzlePreconditionsAreEnforced) {
+  const CheckReport r = check(preset("trtllm", {1, 2, 6, 2, 128})).report;
+  ASSERT_FALSE(r.ok);
+  EXPECT_NE(r.problems[0].find("tokens per page % 4 == 0"), std::string::npos) << r.problems[0];
+  const CheckReport r2 = check(preset("flashinfer-trtllm-gen-hnd", {1, 2, 16, 2, 96})).report;
+  ASSERT_FALSE(r2.ok);
+  EXPECT_NE(r2.problems[0].find("head dim % 64"), std::string::npos) << r2.problems[0];
+}
+
+TEST(Check, SixtyFourLayersTwoHundredThousandPagesInUnderASecond) {
+  for (const char* name : {"nvfp4kv-native-layers", "vllm-legacy-hnd", "flashinfer-nhd", "trtllm"}) {
+    const Layout l = preset(name, {64, 200000, 16, 8, 128});
+    const auto start = std::chrono::steady_clock::now();
+    const CheckReport r = check(l).report;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_TRUE(r.ok) << name << ": " << r.summary();
+    EXPECT_LT(s, 1.0) << name;
+    EXPECT_EQ(r.elements, int64_t(64) * 200000 * 2 * 8 * 16 * 72);
+  }
+  // A head-outermost allocation ([H][pages][N][D/2]) is proved by peeling heads too.
+  Layout l = preset("flashinfer-hnd", {64, 200000, 16, 8, 128});
+  for (auto& m : l.regions) {
+    const int64_t row = m.token * 16;  // N * row bytes
+    m.head = row * 200000;
+    m.page = row;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const CheckReport r = check(l).report;
+  EXPECT_TRUE(r.ok) << r.summary();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+  // Break one stride by one byte: a collision between pages at the far end must be found.
+  l.regions[2].page -= 1;
+  EXPECT_FALSE(check(l).report.ok);
+}
+
+}  // namespace
+}  // namespace nvfp4kv

@@ -1,0 +1,73 @@
+#include <gtest/gtest.h>
+
+#include "nvfp4kv/core/plan.hpp"
+
+namespace nvfp4kv {
+namespace {
+
+std::string plan_error(const PlanRequest& q) {
+  try {
+    plan(q);
+  } catch (const LayoutError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+TEST(Plan, Llama8BOnOneRank) {
+  PlanRequest q;
+  q.layers = 32;
+  q.kv_heads = 8;
+  q.head_dim = 128;
+  q.tokens_per_page = 16;
+  q.memory_bytes = int64_t(40) << 30;
+  const Plan p = plan(q);
+  EXPECT_EQ(p.heads_per_rank, 8);
+  EXPECT_EQ(p.bytes_per_page_per_layer, 8 * 2 * 16 * 72);  // no padding needed: 1024 + 128 per side
+  EXPECT_EQ(p.bytes_per_page, 32 * 8 * 2 * 16 * 72);
+  EXPECT_EQ(p.layout.layout().dims.pages, (int64_t(40) << 30) / p.bytes_per_page);
+  EXPECT_EQ(p.token_capacity, p.layout.layout().dims.pages * 16);
+  EXPECT_LE(p.total_bytes, int64_t(40) << 30);
+  EXPECT_TRUE(p.layout.report().ok);
+  EXPECT_EQ(p.layout.report().alignment[0].vector_bytes, 16);
+}
+
+TEST(Plan, TensorParallelSplitsAndReplicatesHeads) {
+  PlanRequest q{32, 8, 128, 16, std::nullopt, 1000, 4, 3};
+  Plan p = plan(q);
+  EXPECT_EQ(p.heads_per_rank, 2);
+  EXPECT_EQ(p.rank_heads, (std::vector<int64_t>{6, 7}));
+  q.tp_size = 16;
+  q.tp_rank = 5;
+  p = plan(q);
+  EXPECT_EQ(p.heads_per_rank, 1);
+  EXPECT_EQ(p.rank_heads, (std::vector<int64_t>{2}));
+}
+
+TEST(Plan, PadsPlanesTo16Bytes) {
+  const Plan p = plan({1, 1, 80, 3, std::nullopt, 10});  // D 80, N 3: data plane 120 -> 128, scales 15 -> 16
+  EXPECT_EQ(p.bytes_per_page_per_layer, 2 * (128 + 16));
+  EXPECT_EQ(p.layout.report().alignment[0].vector_bytes, 8);  // 40-byte rows
+}
+
+TEST(Plan, ImpossibleParametersSayWhatToChange) {
+  EXPECT_NE(plan_error({32, 8, 100, 16, std::nullopt, 10}).find("pad the head dim up to 112"), std::string::npos);
+  EXPECT_NE(plan_error({32, 8, 128, 16, int64_t(1) << 18}).find("holds no page"), std::string::npos);
+  EXPECT_NE(plan_error({32, 8, 128, 16, std::nullopt, 10, 3}).find("one must divide the other"), std::string::npos);
+  EXPECT_NE(plan_error({32, 8, 128, 16, std::nullopt, 10, 2, 2}).find("rank"), std::string::npos);
+  EXPECT_NE(plan_error({0, 8, 128, 16, std::nullopt, 10}).find("layers"), std::string::npos);
+  EXPECT_NE(plan_error({32, 8, 128, 16, int64_t(1) << 30, 10}).find("not both"), std::string::npos);
+  EXPECT_NE(plan_error({32, 8, 128, 16}).find("--memory"), std::string::npos);
+  EXPECT_NE(plan_error({32, 8, 128, 16, std::nullopt, int64_t(1) << 60}).find("overflow"), std::string::npos);
+  PlanRequest q{32, 8, 96, 16, std::nullopt, 10};
+  q.v_scales = ScalePermutation::kInterleave4;
+  EXPECT_NE(plan_error(q).find("head dim % 64"), std::string::npos);
+  q.head_dim = 128;
+  q.tokens_per_page = 6;
+  EXPECT_NE(plan_error(q).find("tokens per page % 4"), std::string::npos);
+  q.tokens_per_page = 16;
+  EXPECT_EQ(plan(q).layout.layout().region(Region::kVScale).permutation, ScalePermutation::kInterleave4);
+}
+
+}  // namespace
+}  // namespace nvfp4kv
