@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One GPU session on the lent H200: build for sm_90a, run the GPU tests, run
+# them under compute-sanitizer (memcheck, racecheck), run the round trip and
+# the benchmark, and print a short table last. Logs go to $OUT.
+# The device machine has no package manager: GoogleTest sources and the
+# nlohmann headers travel in .carry/ (see bench/README.md).
+set -uo pipefail
+OUT=${OUT:-/tmp/nvfp4kv-out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+step() { echo; echo "=== $* ($(date +%T))"; }
+status=()
+record() { status+=("$1: $2"); }
+
+step "device"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+step "build"
+cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DNVFP4KV_REQUIRE_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DNVFP4KV_EXTRA_INCLUDE="$PWD/.carry/include" \
+  -DNVFP4KV_GTEST_SOURCE="$PWD/.carry/googletest" > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build build/gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
+cuobjdump --dump-resource-usage build/gpu/libnvfp4kv_cuda.a 2>/dev/null | grep -E "Function|REG" | sed 's/^\s*//' | paste - - | awk '{print $2, $3, $4, $5, $6, $7}' | head -12
+
+step "CPU tests (same build)"
+(cd build/gpu && ctest -E "Gpu|fuzz" -j 16 2>&1 | tail -3)
+step "GPU tests"
+build/gpu/tests/nvfp4kv_gpu_tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |OK \]|FAILED|Failure|error" | head -40
+grep -q "^\[  PASSED  \]" "$OUT/gpu_tests.log" && ! grep -q "FAILED" "$OUT/gpu_tests.log" && record "gpu tests" pass || record "gpu tests" FAIL
+step "compute-sanitizer memcheck"
+timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
+  --gtest_filter='-Gpu.LargeRandom*' > "$OUT/memcheck.log" 2>&1; rc=$?
+tail -4 "$OUT/memcheck.log"; record "memcheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
+step "compute-sanitizer racecheck"
+timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
+  --gtest_filter='Gpu.SlotEdgeCases:Gpu.GatherMarks*:Gpu.LargeRandom*' > "$OUT/racecheck.log" 2>&1; rc=$?
+tail -3 "$OUT/racecheck.log"; record "racecheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
+step "round trip and demo"
+build/gpu/nvfp4kv roundtrip --layout nvfp4kv-native --pages 512 --tokens 6000 | tee "$OUT/roundtrip.log" | tail -12
+build/gpu/nvfp4kv roundtrip --layout trtllm | tail -2
+build/gpu/nvfp4kv demo > "$OUT/demo.log" 2>&1; record "demo" "rc $?"
+step "benchmark"
+build/gpu/nvfp4kv_bench --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log" | grep -v "^|"
+if [ "${NVFP4KV_NCU:-0}" = 1 ]; then
+  step "ncu: store kernel"
+  timeout 120 ncu --clock-control none -k regex:store_kernel -s 40 -c 1 --section SpeedOfLight --section Occupancy \
+    build/gpu/nvfp4kv_bench > "$OUT/ncu.log" 2>&1; grep -E "Throughput|Duration|Occupancy|Registers" "$OUT/ncu.log" | head -20
+fi
+step "summary"
+printf '%s\n' "${status[@]}"
+cat "$OUT/bench.md"
