@@ -40,6 +40,8 @@ build/gpu/nvfp4kv roundtrip --layout trtllm | tail -2
 build/gpu/nvfp4kv demo > "$OUT/demo.log" 2>&1; record "demo" "rc $?"
 step "benchmark"
 build/gpu/nvfp4kv_bench --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log" | grep -v "^|"
+echo "--- the same binary again (spread between runs)"
+build/gpu/nvfp4kv_bench --markdown "$OUT/bench2.md" 2>&1 | grep -E "store 65536 tok x 8 heads x D128, nvfp4kv|gather 65536 tok x 8 heads x D128 -> bf16, nvfp4kv|copy" | grep -v "^|"
 if [ "${NVFP4KV_NCU:-0}" = 1 ]; then
   step "ncu: store kernel"
   timeout 120 ncu --clock-control none -k regex:store_kernel -s 40 -c 1 --section SpeedOfLight --section Occupancy \

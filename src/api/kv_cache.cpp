@@ -56,6 +56,9 @@ Result store(const ValidLayout& layout, const CacheBuffers& buffers, const Store
     return invalid("store: token stride must be a multiple of 8 elements (16-byte aligned rows), got " +
                    std::to_string(a.rows.token_stride));
   if (!aligned(a.slots, a.slots_are_int64 ? 8 : 4)) return invalid("store: slots are misaligned");
+  if (a.rows.tokens > INT32_MAX) return invalid("store: at most 2^31 - 1 tokens per call");
+  if (d.pages * d.tokens_per_page > INT32_MAX)
+    return {Status::kUnsupported, "store: a layout of more than 2^31 - 1 token slots per layer"};
   kernels::StoreParams p{layout.view(), buffers, a.rows, a.slots, a.slots_are_int64, a.layer,
                          a.k_global_scale, a.v_global_scale, a.status};
   return from_cuda(kernels::launch_store(p, a.type, a.rule, stream), "store");
@@ -70,6 +73,8 @@ Result gather(const ValidLayout& layout, const CacheBuffers& buffers, const Gath
   if (!a.block_table || !a.cu_seqlens || !a.k_out || !a.v_out)
     return invalid("gather: block table, cu_seqlens and both outputs are required");
   if (a.block_table_stride < 1) return invalid("gather: block table stride must be >= 1");
+  if (a.block_table_stride * layout.layout().dims.tokens_per_page > INT32_MAX)
+    return invalid("gather: block table stride x tokens per page exceeds 2^31 - 1 tokens per sequence");
   if (!aligned(a.k_out, 16) || !aligned(a.v_out, 16)) return invalid("gather: outputs must be 16-byte aligned");
   kernels::GatherParams p{layout.view(), buffers, a.block_table, a.block_table_stride, a.cu_seqlens, a.batch, a.layer,
                           a.k_global_scale, a.v_global_scale, a.k_out, a.v_out, a.status};

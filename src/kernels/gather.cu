@@ -12,7 +12,6 @@
 namespace nvfp4kv::kernels {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr float kTwo126 = 8.507059173023462e37f;  // 2^126
 
 __device__ __forceinline__ float e2m1_scaled(uint32_t nibble) {
@@ -31,18 +30,14 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 }
 
 template <ElementType kOut>
-__device__ void gather_device(const GatherParams& p, int64_t seq, int64_t item) {
+__device__ void gather_device(const GatherParams& p, int64_t seq, int64_t j, int64_t g, int64_t h, int side) {
   const CacheDims& d = p.layout.dims();
-  const int64_t groups = d.scale_bytes();
-  const int64_t g = item % groups;
-  const int64_t h = (item / groups) % d.heads;
-  const int side = int((item / (groups * d.heads)) % 2);
-  const int64_t j = item / (groups * d.heads * 2);  // token within the sequence
   const int64_t begin = p.cu_seqlens[seq], len = p.cu_seqlens[seq + 1] - begin;
   if (j >= len) return;
   uint4* out = reinterpret_cast<uint4*>(static_cast<uint16_t*>(side == 0 ? p.k_out : p.v_out) +
                                         ((begin + j) * d.heads + h) * d.head_dim + g * kBlockSize);
-  const int64_t page = p.block_table[seq * p.block_table_stride + j / d.tokens_per_page];
+  const uint32_t n = uint32_t(d.tokens_per_page), j32 = uint32_t(j);  // j < 2^31: one CTA per token
+  const int64_t page = p.block_table[seq * p.block_table_stride + j32 / n];
   if (page < 0 || page >= d.pages) {  // never read outside the cache; make the row loudly wrong
     const uint32_t nan2 = kOut == ElementType::kBFloat16 ? 0x7FC07FC0u : 0x7E007E00u;
     out[0] = out[1] = make_uint4(nan2, nan2, nan2, nan2);
@@ -51,7 +46,7 @@ __device__ void gather_device(const GatherParams& p, int64_t seq, int64_t item) 
   }
   const Region data = side == 0 ? Region::kKData : Region::kVData;
   const Region scale = side == 0 ? Region::kKScale : Region::kVScale;
-  Coord c{p.layer, page, j % d.tokens_per_page, h, g};
+  Coord c{p.layer, page, int64_t(j32 % n), h, g};
   const uint8_t sf = p.buffers.ptr[p.layout.region(scale).buffer][p.layout.offset(scale, c)];
   const float sf_f = e4m3_decode(sf);
   const float gs = side == 0 ? *p.k_global_scale : *p.v_global_scale;
@@ -78,25 +73,23 @@ __device__ void gather_device(const GatherParams& p, int64_t seq, int64_t item) 
   out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
 }
 
+// One CTA per (token of a sequence, sequence); threadIdx = (group, head, side).
 template <ElementType kOut>
-__global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant__ GatherParams p, int64_t items) {
-  const int64_t item = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (item < items) gather_device<kOut>(p, blockIdx.y, item);
+__global__ void gather_kernel(const __grid_constant__ GatherParams p) {
+  for (int64_t h = threadIdx.y; h < p.layout.dims().heads; h += blockDim.y)
+    gather_device<kOut>(p, blockIdx.y, blockIdx.x, threadIdx.x, h, int(threadIdx.z));
 }
 
 }  // namespace
 
 cudaError_t launch_gather(const GatherParams& p, ElementType out_type, cudaStream_t stream) {
   const CacheDims& d = p.layout.dims();
-  const int64_t items = p.block_table_stride * d.tokens_per_page * 2 * d.heads * d.scale_bytes();
-  if (items == 0 || p.batch == 0) return cudaSuccess;
-  const int64_t blocks = (items + kThreads - 1) / kThreads;
-  if (blocks > int64_t(INT32_MAX) || p.batch > 65535) return cudaErrorInvalidValue;
-  const dim3 grid(unsigned(blocks), unsigned(p.batch));
+  if (p.batch == 0) return cudaSuccess;
+  const dim3 grid(unsigned(p.block_table_stride * d.tokens_per_page), unsigned(p.batch));
   if (out_type == ElementType::kBFloat16)
-    gather_kernel<ElementType::kBFloat16><<<grid, kThreads, 0, stream>>>(p, items);
+    gather_kernel<ElementType::kBFloat16><<<grid, row_block(d), 0, stream>>>(p);
   else
-    gather_kernel<ElementType::kFloat16><<<grid, kThreads, 0, stream>>>(p, items);
+    gather_kernel<ElementType::kFloat16><<<grid, row_block(d), 0, stream>>>(p);
   return cudaGetLastError();
 }
 

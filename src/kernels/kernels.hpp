@@ -3,6 +3,8 @@
 // API; plain C++ so the API can be compiled by the host compiler.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+
 #include "nvfp4kv/api/kv_cache.hpp"
 #include "nvfp4kv/core/cache_buffers.hpp"
 #include "nvfp4kv/core/format.hpp"
@@ -37,6 +39,14 @@ struct GatherParams {
   void* v_out;
   DeviceStatus* status;
 };
+
+// Thread block for kernels that give one CTA to one token row: x = group,
+// y = head (looping when the row has more blocks than a CTA holds), z = side.
+inline dim3 row_block(const CacheDims& d) {
+  const unsigned groups = unsigned(d.scale_bytes());
+  const unsigned heads = unsigned(std::min<int64_t>(d.heads, std::max<int64_t>(1, 512 / (2 * groups))));
+  return dim3(groups, heads, 2);
+}
 
 // One place maps runtime types and rules to template instances.
 cudaError_t launch_store(const StoreParams& p, ElementType type, ScaleRule rule, cudaStream_t stream);

@@ -11,8 +11,6 @@
 namespace nvfp4kv::kernels {
 namespace {
 
-constexpr int kThreads = 256;
-
 template <ElementType kType>
 __device__ __forceinline__ void load_block(const void* base, int64_t index, float (&x)[kBlockSize]) {
   const uint4* p = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + index);
@@ -31,14 +29,12 @@ __device__ __forceinline__ void load_block(const void* base, int64_t index, floa
   }
 }
 
+// One CTA per token; threadIdx = (group, head, side), so no thread divides a
+// flat index (64-bit division by a runtime size costs ~100 instructions and
+// made the first version instruction-bound, see NOTES.md).
 template <ElementType kType, ScaleRule kRule>
-__device__ void store_device(const StoreParams& p, int64_t item) {
+__device__ void store_device(const StoreParams& p, int64_t token, int64_t g, int64_t h, int side) {
   const CacheDims& d = p.layout.dims();
-  const int64_t groups = d.scale_bytes();
-  const int64_t g = item % groups;
-  const int64_t h = (item / groups) % d.heads;
-  const int side = int((item / (groups * d.heads)) % 2);
-  const int64_t token = item / (groups * d.heads * 2);
   const int64_t slot = p.slots_are_int64 ? static_cast<const int64_t*>(p.slots)[token]
                                          : int64_t(static_cast<const int32_t*>(p.slots)[token]);
   const bool counter = (g == 0 && h == 0 && side == 0);
@@ -55,7 +51,9 @@ __device__ void store_device(const StoreParams& p, int64_t item) {
   if (q.non_finite && p.status) atomicAdd(&p.status->non_finite, (unsigned long long)q.non_finite);
   const Region data = side == 0 ? Region::kKData : Region::kVData;
   const Region scale = side == 0 ? Region::kKScale : Region::kVScale;
-  Coord c{p.layer, slot / d.tokens_per_page, slot % d.tokens_per_page, h, g};
+  // capacity < 2^31 is checked on the host, so a 32-bit division suffices.
+  const uint32_t n = uint32_t(d.tokens_per_page), s32 = uint32_t(slot);
+  Coord c{p.layer, int64_t(s32 / n), int64_t(s32 % n), h, g};
   p.buffers.ptr[p.layout.region(scale).buffer][p.layout.offset(scale, c)] = q.scale;
   uint8_t* dst = p.buffers.ptr[p.layout.region(data).buffer];
   c.column = g * (kBlockSize / 2);
@@ -70,19 +68,15 @@ __device__ void store_device(const StoreParams& p, int64_t item) {
 }
 
 template <ElementType kType, ScaleRule kRule>
-__global__ void __launch_bounds__(kThreads) store_kernel(const __grid_constant__ StoreParams p, int64_t items) {
-  const int64_t item = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (item < items) store_device<kType, kRule>(p, item);
+__global__ void store_kernel(const __grid_constant__ StoreParams p) {
+  for (int64_t h = threadIdx.y; h < p.layout.dims().heads; h += blockDim.y)
+    store_device<kType, kRule>(p, blockIdx.x, threadIdx.x, h, int(threadIdx.z));
 }
 
 template <ElementType kType, ScaleRule kRule>
 cudaError_t launch(const StoreParams& p, cudaStream_t stream) {
-  const CacheDims& d = p.layout.dims();
-  const int64_t items = p.rows.tokens * 2 * d.heads * d.scale_bytes();
-  if (items == 0) return cudaSuccess;
-  const int64_t blocks = (items + kThreads - 1) / kThreads;
-  if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
-  store_kernel<kType, kRule><<<unsigned(blocks), kThreads, 0, stream>>>(p, items);
+  if (p.rows.tokens == 0) return cudaSuccess;
+  store_kernel<kType, kRule><<<unsigned(p.rows.tokens), row_block(p.layout.dims()), 0, stream>>>(p);
   return cudaGetLastError();
 }
 

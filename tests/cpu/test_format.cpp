@@ -48,6 +48,31 @@ TEST(E2M1, TiesListedInTheReferenceDoc) {
   }
 }
 
+// The definition: thresholds at the midpoints, ties to the even code.
+uint8_t e2m1_by_thresholds(float x) {
+  const float a = std::fabs(x);
+  if (std::isnan(x)) return 0;
+  const uint8_t m = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3 : a <= 2.5f ? 4 : a < 3.5f ? 5
+                  : a <= 5.0f  ? 6 : 7;
+  return uint8_t((std::signbit(x) ? 8 : 0) | m);
+}
+
+TEST(E2M1, BitEncoderEqualsTheThresholdDefinition) {
+  // Every float with magnitude in [2^-7, 16) (all thresholds lie there), both signs.
+  for (uint32_t u = 0x3C000000u; u < 0x41800000u; ++u) {
+    const float x = bits_float(u);
+    ASSERT_EQ(e2m1_encode(x), e2m1_by_thresholds(x)) << x;
+    ASSERT_EQ(e2m1_encode(-x), e2m1_by_thresholds(-x)) << -x;
+  }
+  // And a sample of everything else: tiny, huge, subnormal, infinities.
+  std::mt19937 rng(17);
+  for (int i = 0; i < 2000000; ++i) {
+    const float x = bits_float(uint32_t(rng()));
+    if (std::isnan(x)) continue;
+    ASSERT_EQ(e2m1_encode(x), e2m1_by_thresholds(x)) << x;
+  }
+}
+
 TEST(E2M1, SaturatesAndHandlesSpecials) {
   EXPECT_EQ(e2m1_encode(5.0001f), 7);
   EXPECT_EQ(e2m1_encode(1e30f), 7);

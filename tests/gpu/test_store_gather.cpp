@@ -190,7 +190,10 @@ std::vector<int64_t> paged_slots(const CacheDims& d, int64_t tokens, std::mt1993
   if (tokens > 3) {
     s[1] = -1;
     s[2] = d.pages * d.tokens_per_page;
-    s.push_back(d.pages * d.tokens_per_page - 1);
+    // The last slot, unless the shuffled pages already hold it: one slot, one row
+    // (which of two rows lands in a duplicated slot is unspecified).
+    const int64_t last = d.pages * d.tokens_per_page - 1;
+    if (std::find(s.begin(), s.end(), last) == s.end()) s.push_back(last);
   }
   return s;
 }
