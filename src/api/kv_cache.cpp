@@ -73,8 +73,7 @@ Result gather(const ValidLayout& layout, const CacheBuffers& buffers, const Gath
   if (!a.block_table || !a.cu_seqlens || !a.k_out || !a.v_out)
     return invalid("gather: block table, cu_seqlens and both outputs are required");
   if (a.block_table_stride < 1) return invalid("gather: block table stride must be >= 1");
-  if (a.block_table_stride * layout.layout().dims.tokens_per_page > INT32_MAX)
-    return invalid("gather: block table stride x tokens per page exceeds 2^31 - 1 tokens per sequence");
+  if (a.block_table_stride > INT32_MAX) return invalid("gather: block table stride must be < 2^31");
   if (!aligned(a.k_out, 16) || !aligned(a.v_out, 16)) return invalid("gather: outputs must be 16-byte aligned");
   kernels::GatherParams p{layout.view(), buffers, a.block_table, a.block_table_stride, a.cu_seqlens, a.batch, a.layer,
                           a.k_global_scale, a.v_global_scale, a.k_out, a.v_out, a.status};

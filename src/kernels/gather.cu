@@ -1,9 +1,12 @@
-// Gather/dequant: one thread per 16-element block of one (token, side, head)
-// row of a sequence; pages come from the block table, bytes from the
-// validated LayoutView. E2M1 is decoded by bit placement (Hopper has no E2M1
-// conversion): the 3 magnitude bits under the fp32 exponent/mantissa give
-// value * 2^-126 exactly, so (bits * 2^126) * scale is exact and the one
-// rounding happens at * global_scale, as in the reference.
+// Gather/dequant. One CTA per (page of a sequence, sequence); threads are
+// (group, head, side) of a token row and walk the page's tokens four at a time,
+// issuing the four tokens' cache loads before decoding any of them (one
+// dependent load chain per thread left the first version latency-bound).
+// Every address comes from the validated LayoutView.
+// E2M1 is decoded by bit placement (Hopper has no E2M1 conversion): the 3
+// magnitude bits under the fp32 exponent/mantissa give value * 2^-126 exactly,
+// so (bits * 2^126) * scale is exact and the one rounding happens at
+// * global_scale, as in the reference.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -13,6 +16,7 @@ namespace nvfp4kv::kernels {
 namespace {
 
 constexpr float kTwo126 = 8.507059173023462e37f;  // 2^126
+constexpr int kTokensInFlight = 4;
 
 __device__ __forceinline__ float e2m1_scaled(uint32_t nibble) {
   return bits_float(((nibble & 7u) << 22) | ((nibble & 8u) << 28)) * kTwo126;
@@ -29,67 +33,79 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   }
 }
 
+// The 8 data bytes of one block: one 8-byte load where the layout's rows allow it.
+__device__ __forceinline__ uint2 load_block_bytes(const GatherParams& p, Region data, Coord c) {
+  const uint8_t* src = p.buffers.ptr[p.layout.region(data).buffer];
+  if (p.layout.vector_bytes(data) >= 8) return __ldg(reinterpret_cast<const uint2*>(src + p.layout.offset(data, c)));
+  uint32_t w[2] = {0, 0};
+  for (int k = 0; k < 8; ++k, ++c.column) w[k / 4] |= uint32_t(__ldg(src + p.layout.offset(data, c))) << (8 * (k % 4));
+  return make_uint2(w[0], w[1]);
+}
+
 template <ElementType kOut>
-__device__ void gather_device(const GatherParams& p, int64_t seq, int64_t j, int64_t g, int64_t h, int side) {
+__device__ void gather_rows(const GatherParams& p, int64_t seq, int64_t page_index, int64_t g, int64_t h, int side) {
   const CacheDims& d = p.layout.dims();
   const int64_t begin = p.cu_seqlens[seq], len = p.cu_seqlens[seq + 1] - begin;
-  if (j >= len) return;
-  uint4* out = reinterpret_cast<uint4*>(static_cast<uint16_t*>(side == 0 ? p.k_out : p.v_out) +
-                                        ((begin + j) * d.heads + h) * d.head_dim + g * kBlockSize);
-  const uint32_t n = uint32_t(d.tokens_per_page), j32 = uint32_t(j);  // j < 2^31: one CTA per token
-  const int64_t page = p.block_table[seq * p.block_table_stride + j32 / n];
-  if (page < 0 || page >= d.pages) {  // never read outside the cache; make the row loudly wrong
+  const int64_t first = page_index * d.tokens_per_page;
+  if (first >= len) return;
+  const int64_t count = min(d.tokens_per_page, len - first);
+  const int64_t page = p.block_table[seq * p.block_table_stride + page_index];
+  uint16_t* out_base = static_cast<uint16_t*>(side == 0 ? p.k_out : p.v_out);
+  const auto out_row = [&](int64_t t) {
+    return reinterpret_cast<uint4*>(out_base + ((begin + first + t) * d.heads + h) * d.head_dim + g * kBlockSize);
+  };
+  if (page < 0 || page >= d.pages) {  // never read outside the cache; make the rows loudly wrong
     const uint32_t nan2 = kOut == ElementType::kBFloat16 ? 0x7FC07FC0u : 0x7E007E00u;
-    out[0] = out[1] = make_uint4(nan2, nan2, nan2, nan2);
-    if (g == 0 && h == 0 && side == 0 && p.status) atomicAdd(&p.status->bad_pages, 1ull);
+    for (int64_t t = 0; t < count; ++t) out_row(t)[0] = out_row(t)[1] = make_uint4(nan2, nan2, nan2, nan2);
+    if (g == 0 && h == 0 && side == 0 && p.status) atomicAdd(&p.status->bad_pages, (unsigned long long)count);
     return;
   }
   const Region data = side == 0 ? Region::kKData : Region::kVData;
   const Region scale = side == 0 ? Region::kKScale : Region::kVScale;
-  Coord c{p.layer, page, int64_t(j32 % n), h, g};
-  const uint8_t sf = p.buffers.ptr[p.layout.region(scale).buffer][p.layout.offset(scale, c)];
-  const float sf_f = e4m3_decode(sf);
+  const uint8_t* scales = p.buffers.ptr[p.layout.region(scale).buffer];
   const float gs = side == 0 ? *p.k_global_scale : *p.v_global_scale;
-  const uint8_t* src = p.buffers.ptr[p.layout.region(data).buffer];
-  c.column = g * (kBlockSize / 2);
-  uint32_t bytes[2];
-  if (p.layout.vector_bytes(data) >= 8) {
-    const uint2 v = *reinterpret_cast<const uint2*>(src + p.layout.offset(data, c));
-    bytes[0] = v.x;
-    bytes[1] = v.y;
-  } else {
-    bytes[0] = bytes[1] = 0;
-    for (int k = 0; k < 8; ++k, ++c.column) bytes[k / 4] |= uint32_t(src[p.layout.offset(data, c)]) << (8 * (k % 4));
-  }
-  uint32_t packed[8];
+  for (int64_t t0 = 0; t0 < count; t0 += kTokensInFlight) {
+    uint2 bytes[kTokensInFlight];
+    uint8_t sf[kTokensInFlight];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const uint32_t byte = bytes[k / 4] >> (8 * (k % 4));
-    const float lo = (e2m1_scaled(byte & 15u) * sf_f) * gs;
-    const float hi = (e2m1_scaled((byte >> 4) & 15u) * sf_f) * gs;
-    packed[k] = pack2<kOut>(lo, hi);
+    for (int k = 0; k < kTokensInFlight; ++k) {
+      if (t0 + k >= count) break;
+      const Coord c{p.layer, page, t0 + k, h, g};
+      sf[k] = __ldg(scales + p.layout.offset(scale, c));
+      bytes[k] = load_block_bytes(p, data, {p.layer, page, t0 + k, h, g * (kBlockSize / 2)});
+    }
+#pragma unroll
+    for (int k = 0; k < kTokensInFlight; ++k) {
+      if (t0 + k >= count) break;
+      const float sf_f = e4m3_decode(sf[k]);
+      uint32_t packed[8];
+#pragma unroll
+      for (int b = 0; b < 8; ++b) {
+        const uint32_t byte = (b < 4 ? bytes[k].x : bytes[k].y) >> (8 * (b % 4));
+        packed[b] = pack2<kOut>((e2m1_scaled(byte & 15u) * sf_f) * gs, (e2m1_scaled((byte >> 4) & 15u) * sf_f) * gs);
+      }
+      uint4* out = out_row(t0 + k);
+      out[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+    }
   }
-  out[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-  out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
 }
 
-// One CTA per (token of a sequence, sequence); threadIdx = (group, head, side).
 template <ElementType kOut>
 __global__ void gather_kernel(const __grid_constant__ GatherParams p) {
   for (int64_t h = threadIdx.y; h < p.layout.dims().heads; h += blockDim.y)
-    gather_device<kOut>(p, blockIdx.y, blockIdx.x, threadIdx.x, h, int(threadIdx.z));
+    gather_rows<kOut>(p, blockIdx.y, blockIdx.x, threadIdx.x, h, int(threadIdx.z));
 }
 
 }  // namespace
 
 cudaError_t launch_gather(const GatherParams& p, ElementType out_type, cudaStream_t stream) {
-  const CacheDims& d = p.layout.dims();
   if (p.batch == 0) return cudaSuccess;
-  const dim3 grid(unsigned(p.block_table_stride * d.tokens_per_page), unsigned(p.batch));
+  const dim3 grid(unsigned(p.block_table_stride), unsigned(p.batch));
   if (out_type == ElementType::kBFloat16)
-    gather_kernel<ElementType::kBFloat16><<<grid, row_block(d), 0, stream>>>(p);
+    gather_kernel<ElementType::kBFloat16><<<grid, row_block(p.layout.dims()), 0, stream>>>(p);
   else
-    gather_kernel<ElementType::kFloat16><<<grid, row_block(d), 0, stream>>>(p);
+    gather_kernel<ElementType::kFloat16><<<grid, row_block(p.layout.dims()), 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -37,21 +37,21 @@ NVFP4KV_HD float e2m1_decode(uint8_t code) {
 //  - 1 <= |x| <= 6: E2M1 keeps one mantissa bit, so rounding the float's
 //    mantissa to 1 bit (half-even) and rebiasing the exponent gives the code.
 // tests/cpu/test_format.cpp checks it against the plain threshold definition.
-NVFP4KV_HD uint8_t e2m1_encode(float x) {
+// Both candidate codes are computed and one is selected: no branch, so a warp
+// never diverges per element (the branchy form cost the store kernel ~2x).
+NVFP4KV_HD uint32_t e2m1_code(float x) {
   const uint32_t u = float_bits(x);
   const uint32_t abs_bits = u & 0x7FFFFFFFu;
-  if (abs_bits > 0x7F800000u) return 0;
   const float v = bits_float(abs_bits);
-  const float a = v < kE2M1Max ? v : kE2M1Max;
-  uint32_t m;
-  if (a < 1.0f) {
-    m = float_bits(a * 2.0f + 8388608.0f) & 3u;
-  } else {
-    const uint32_t b = float_bits(a);
-    m = ((b + 0x1FFFFFu + ((b >> 22) & 1u)) >> 22) - 252u;  // 252 = 2 * 126: 1.0 -> code 2
-  }
-  return uint8_t(((u >> 28) & 8u) | m);
+  const float a = v < kE2M1Max ? v : kE2M1Max;  // NaN compares false and becomes 6 here
+  const uint32_t small = float_bits(a * 2.0f + 8388608.0f) & 3u;
+  const uint32_t b = float_bits(a);
+  const uint32_t large = ((b + 0x1FFFFFu + ((b >> 22) & 1u)) >> 22) - 252u;  // 252 = 2 * 126: 1.0 -> 2
+  const uint32_t m = a < 1.0f ? small : large;
+  return abs_bits > 0x7F800000u ? 0u : (((u >> 28) & 8u) | m);
 }
+
+NVFP4KV_HD uint8_t e2m1_encode(float x) { return uint8_t(e2m1_code(x)); }
 
 // ---- E4M3 (fn) -----------------------------------------------------------
 // Bias 7, max 448, subnormals m * 2^-9, NaN = 0x7F / 0xFF, no Inf.
@@ -104,8 +104,6 @@ struct QuantizedBlock {
 
 namespace detail {
 
-NVFP4KV_HD bool is_finite(float x) { return (float_bits(x) & 0x7F800000u) != 0x7F800000u; }
-
 // Quantize with one candidate scale code; returns the squared reconstruction
 // error summed in element order (the order is part of the contract: 4over6's
 // choice must be the same on every device).
@@ -116,10 +114,10 @@ NVFP4KV_HD float quantize_with_scale(const float* x, uint8_t scale, float global
   const float inv = (scale == 0) ? 0.0f : 1.0f / block_scale;
   float err = 0.0f;
   for (int i = 0; i < kBlockSize; i += 2) {
-    const uint8_t lo = e2m1_encode(x[i] * inv), hi = e2m1_encode(x[i + 1] * inv);
+    const uint32_t lo = e2m1_code(x[i] * inv), hi = e2m1_code(x[i + 1] * inv);
     packed[i / 2] = uint8_t(lo | (hi << 4));
-    const float d0 = (e2m1_decode(lo) * scale_f) * global_scale - x[i];
-    const float d1 = (e2m1_decode(hi) * scale_f) * global_scale - x[i + 1];
+    const float d0 = (e2m1_decode(uint8_t(lo)) * scale_f) * global_scale - x[i];
+    const float d1 = (e2m1_decode(uint8_t(hi)) * scale_f) * global_scale - x[i + 1];
     err = err + d0 * d0;
     err = err + d1 * d1;
   }
@@ -130,16 +128,27 @@ NVFP4KV_HD float quantize_with_scale(const float* x, uint8_t scale, float global
 
 // global_scale is the dequant multiplier of this layer and side: finite, > 0.
 NVFP4KV_HD QuantizedBlock quantize_block(const float* in, float global_scale, ScaleRule rule) {
+  // amax as the integer max of |x|'s bit patterns: the same order as the float max
+  // for non-negative values, and anything >= 0x7F800000 reveals an Inf or NaN.
   float x[kBlockSize];
-  float amax = 0.0f;
-  uint8_t non_finite = 0;
+  uint32_t amax_bits = 0;
   for (int i = 0; i < kBlockSize; ++i) {
-    const bool ok = detail::is_finite(in[i]);
-    x[i] = ok ? in[i] : 0.0f;
-    non_finite += ok ? 0 : 1;
-    const float a = x[i] < 0.0f ? -x[i] : x[i];
-    amax = a > amax ? a : amax;
+    x[i] = in[i];
+    const uint32_t a = float_bits(x[i]) & 0x7FFFFFFFu;
+    amax_bits = a > amax_bits ? a : amax_bits;
   }
+  uint8_t non_finite = 0;
+  if (amax_bits >= 0x7F800000u) {  // rare: store non-finite elements as +0, leave them out of amax
+    amax_bits = 0;
+    for (int i = 0; i < kBlockSize; ++i) {
+      const uint32_t a = float_bits(x[i]) & 0x7FFFFFFFu;
+      const bool ok = a < 0x7F800000u;
+      x[i] = ok ? x[i] : 0.0f;
+      non_finite += ok ? 0 : 1;
+      amax_bits = (ok && a > amax_bits) ? a : amax_bits;
+    }
+  }
+  const float amax = bits_float(amax_bits);
   const float target = amax * (1.0f / global_scale);
   QuantizedBlock q{};
   q.non_finite = non_finite;
