@@ -94,6 +94,18 @@ struct Case {
   }
 };
 
+StoreArgs store_args(const Case& c, int64_t tokens, ScaleRule rule) {
+  const CacheDims& d = c.layout.layout().dims;
+  StoreArgs a;
+  a.rows = {c.k, c.v, tokens, d.heads * d.head_dim};
+  a.slots = c.slots;
+  a.slots_are_int64 = true;
+  a.k_global_scale = c.scales;
+  a.v_global_scale = c.scales + 1;
+  a.rule = rule;
+  return a;
+}
+
 // Tokens fill whole pages in shuffled order, as a prefill of many sequences would.
 Case make_case(const char* preset, int64_t tokens, int64_t heads, int64_t dim, uint64_t seed) {
   const int64_t n = 16, pages = (tokens + n - 1) / n + 8;
@@ -141,13 +153,7 @@ Case make_case(const char* preset, int64_t tokens, int64_t heads, int64_t dim, u
   reference::StoreParams sp{{hk.data(), hv.data(), tokens, heads * dim}, ElementType::kBFloat16, slots.data(), 0,
                             gs[0], gs[1], ScaleRule::kStandard};
   reference::store(c.layout, ref.buffers, sp);
-  StoreArgs a;
-  a.rows = {c.k, c.v, tokens, heads * dim};
-  a.slots = c.slots;
-  a.slots_are_int64 = true;
-  a.k_global_scale = c.scales;
-  a.v_global_scale = c.scales + 1;
-  const Result r = store(c.layout, c.bufs(), a, nullptr);
+  const Result r = store(c.layout, c.bufs(), store_args(c, tokens, ScaleRule::kStandard), nullptr);
   if (!r.ok()) {
     std::fprintf(stderr, "store: %s\n", r.message.c_str());
     std::exit(1);
@@ -182,13 +188,7 @@ double row_bytes(const Case& c) {
 
 void bench_store(const char* preset, int64_t tokens, ScaleRule rule, uint64_t seed) {
   Case c = make_case(preset, tokens, 8, 128, seed);
-  StoreArgs a;
-  a.rows = {c.k, c.v, tokens, 8 * 128};
-  a.slots = c.slots;
-  a.slots_are_int64 = true;
-  a.k_global_scale = c.scales;
-  a.v_global_scale = c.scales + 1;
-  a.rule = rule;
+  const StoreArgs a = store_args(c, tokens, rule);
   const CacheBuffers b = c.bufs();
   const float ms = median_ms([&] { store(c.layout, b, a, nullptr); });
   add(std::string("store ") + (rule == ScaleRule::kStandard ? "" : "4over6 ") + std::to_string(tokens) +
@@ -209,12 +209,7 @@ void bench_gather(const char* preset, int64_t tokens, uint64_t seed) {
 
 void bench_decode_store(int64_t tokens) {
   Case c = make_case("nvfp4kv-native", 65536, 8, 128, 77);
-  StoreArgs a;
-  a.rows = {c.k, c.v, tokens, 8 * 128};
-  a.slots = c.slots;
-  a.slots_are_int64 = true;
-  a.k_global_scale = c.scales;
-  a.v_global_scale = c.scales + 1;
+  const StoreArgs a = store_args(c, tokens, ScaleRule::kStandard);
   const CacheBuffers b = c.bufs();
   // One launch per step: graph-captured 100 steps, time per step.
   cudaStream_t s;

@@ -124,9 +124,23 @@ void store_and_gather(const ValidLayout& valid, int64_t layer, const std::vector
   const Result r = store(valid, bufs, a, nullptr);
   ASSERT_TRUE(r.ok()) << r.message;
   CUDA_OK(cudaDeviceSynchronize());
+  // Provenance: the bytes the stored rows own, by the layout; everything else must stay poison.
+  std::vector<std::vector<uint8_t>> owned;
+  for (const Buffer& b : l.buffers) owned.emplace_back(size_t(b.bytes), 0);
+  for (int64_t s : slots) {
+    if (s < 0 || s >= d.pages * d.tokens_per_page) continue;
+    for (Region reg : kAllRegions)
+      for (int64_t h = 0; h < d.heads; ++h)
+        for (int64_t c = 0; c < d.columns(reg); ++c)
+          owned[size_t(l.region(reg).buffer)][size_t(l.offset(reg, {layer, s / d.tokens_per_page, s % d.tokens_per_page, h, c}))] = 1;
+  }
   for (size_t b = 0; b < l.buffers.size(); ++b) {
     const std::vector<uint8_t> got = cache[b]->to_host();
     const std::vector<uint8_t>& want = cpu.storage[b];
+    size_t touched = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (!owned[b][i] && got[i] != kPoison) ++touched;
+    ASSERT_EQ(touched, 0u) << "buffer \"" << l.buffers[b].name << "\": " << touched << " bytes outside the stored rows changed";
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < got.size(); ++i)
       if (got[i] != want[i] && bad++ == 0) first = i;
