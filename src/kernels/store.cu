@@ -43,10 +43,18 @@ __device__ void store_device(const StoreParams& p, int64_t token, int64_t g, int
       atomicAdd(slot < 0 ? &p.status->padding : &p.status->out_of_range, 1ull);
     return;
   }
+  // The scales live in device memory (graph capture), so they are checked here: a
+  // zero, negative or non-finite scale would put NaN block scales in the cache.
+  const float kgs = *p.k_global_scale, vgs = *p.v_global_scale;
+  const auto usable = [](float s) { return s > 0.0f && s <= 3.4e38f && 1.0f / s <= 3.4e38f; };
+  if (!usable(kgs) || !usable(vgs)) {
+    if (counter && p.status) atomicAdd(&p.status->bad_global_scale, 1ull);
+    return;
+  }
   if (counter && p.status) atomicAdd(&p.status->stored, 1ull);
   float x[kBlockSize];
   load_block<kType>(side == 0 ? p.rows.k : p.rows.v, token * p.rows.token_stride + h * d.head_dim + g * kBlockSize, x);
-  const float gs = side == 0 ? *p.k_global_scale : *p.v_global_scale;
+  const float gs = side == 0 ? kgs : vgs;
   const QuantizedBlock q = quantize_block(x, gs, kRule);
   if (q.non_finite && p.status) atomicAdd(&p.status->non_finite, (unsigned long long)q.non_finite);
   const Region data = side == 0 ? Region::kKData : Region::kVData;

@@ -268,6 +268,34 @@ TEST_F(Gpu, LargeRandomBatchOnTheNativeLayout) {
                    false, true, 22);
 }
 
+TEST_F(Gpu, UnusableGlobalScalesWriteNothingAndAreCounted) {
+  const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 2, 16, 2, 64}));
+  DeviceArray<> cache(size_t(v.layout().buffers[0].bytes));
+  CacheBuffers b;
+  b.ptr[0] = cache.ptr;
+  b.count = 1;
+  std::vector<uint16_t> rows(3 * 2 * 64, float_to_bf16(1.5f));
+  auto drows = DeviceArray<uint16_t>::from(rows);
+  auto slots = DeviceArray<int64_t>::from({0, 5, 17});
+  for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 1e-45f}) {
+    CUDA_OK(cudaMemset(cache.ptr, kPoison, cache.count));
+    auto scales = DeviceArray<float>::from({1.0f, bad});
+    auto status = DeviceArray<DeviceStatus>::from({DeviceStatus{}});
+    StoreArgs a;
+    a.rows = {drows.ptr, drows.ptr, 3, 128};
+    a.slots = slots.ptr;
+    a.slots_are_int64 = true;
+    a.k_global_scale = scales.ptr;
+    a.v_global_scale = scales.ptr + 1;
+    a.status = status.ptr;
+    ASSERT_TRUE(store(v, b, a, nullptr).ok());
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(status.to_host()[0].bad_global_scale, 3u) << bad;
+    EXPECT_EQ(status.to_host()[0].stored, 0u) << bad;
+    for (uint8_t byte : cache.to_host()) ASSERT_EQ(byte, kPoison) << bad;
+  }
+}
+
 TEST_F(Gpu, GatherMarksBadBlockTableEntries) {
   const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 4, 16, 2, 64}));
   DeviceArray<> cache(size_t(v.layout().buffers[0].bytes));

@@ -27,7 +27,9 @@ struct DeviceStatus {
   unsigned long long padding = 0;
   unsigned long long out_of_range = 0;  // slots >= capacity: skipped, nothing written
   unsigned long long non_finite = 0;    // NaN / Inf inputs stored as +0
-  unsigned long long bad_pages = 0;     // gather: block-table entries outside [0, pages); rows filled with NaN
+  unsigned long long bad_pages = 0;     // gather: tokens of block-table entries outside [0, pages); rows filled with NaN
+  unsigned long long bad_global_scale = 0;  // store: rows not written because the K or V global scale
+                                            // was not finite and > 0 with a finite reciprocal
 };
 
 struct StoreArgs {
