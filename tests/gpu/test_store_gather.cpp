@@ -216,7 +216,7 @@ TEST_F(Gpu, StoreAndGatherMatchTheReferenceForEverySoundPreset) {
   int ran = 0;
   for (const PresetInfo& p : list_presets())
     for (int64_t dim : {64, 128, 256})
-      for (int64_t n : {16, 32}) {
+      for (int64_t n : {5, 16, 32}) {  // 5: an odd page size (the interleaved presets refuse it)
         const Layout l = instantiate(preset_spec(p.name), {2, 6, n, 2, dim});
         CheckResult res = check(l);
         if (!res.valid) continue;  // the broken vLLM packed NHD views
@@ -232,7 +232,7 @@ TEST_F(Gpu, StoreAndGatherMatchTheReferenceForEverySoundPreset) {
             ++ran;
           }
       }
-  EXPECT_GE(ran, 11 * 3 * 2 * 4);
+  EXPECT_GE(ran, (11 * 3 * 2 + 9 * 3) * 4);
 }
 
 TEST_F(Gpu, SlotEdgeCases) {
