@@ -92,7 +92,7 @@ __device__ void gather_rows(const GatherParams& p, int64_t seq, int64_t page_ind
 }
 
 template <ElementType kOut>
-__global__ void gather_kernel(const __grid_constant__ GatherParams p) {
+__global__ void __launch_bounds__(512, 2) gather_kernel(const __grid_constant__ GatherParams p) {
   for (int64_t h = threadIdx.y; h < p.layout.dims().heads; h += blockDim.y)
     gather_rows<kOut>(p, blockIdx.y, blockIdx.x, threadIdx.x, h, int(threadIdx.z));
 }

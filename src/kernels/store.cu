@@ -46,8 +46,7 @@ __device__ void store_device(const StoreParams& p, int64_t token, int64_t g, int
   // The scales live in device memory (graph capture), so they are checked here: a
   // zero, negative or non-finite scale would put NaN block scales in the cache.
   const float kgs = *p.k_global_scale, vgs = *p.v_global_scale;
-  const auto usable = [](float s) { return s > 0.0f && s <= 3.4e38f && 1.0f / s <= 3.4e38f; };
-  if (!usable(kgs) || !usable(vgs)) {
+  if (!global_scale_usable(kgs) || !global_scale_usable(vgs)) {
     if (counter && p.status) atomicAdd(&p.status->bad_global_scale, 1ull);
     return;
   }

@@ -274,6 +274,10 @@ TEST(GlobalScale, ConventionsConvertToTheDequantMultiplier) {
   EXPECT_EQ(e4m3_decode(quantize_block(x, 100.0f / 448.0f, ScaleRule::kStandard).scale), 72.0f);
   EXPECT_THROW(require_valid_global_scale(0.0f, "t"), std::invalid_argument);
   EXPECT_THROW(require_valid_global_scale(1e-45f, "t"), std::invalid_argument);
+  EXPECT_THROW(require_valid_global_scale(3e-31f, "t"), std::invalid_argument);  // below 2^-100
+  EXPECT_NO_THROW(require_valid_global_scale(kMinGlobalScale, "t"));
+  EXPECT_NO_THROW(require_valid_global_scale(kMaxGlobalScale, "t"));
+  EXPECT_EQ(recommend_global_scale(1e-35f), kMinGlobalScale);  // clamped into the usable range
 }
 
 }  // namespace

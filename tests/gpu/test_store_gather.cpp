@@ -277,7 +277,8 @@ TEST_F(Gpu, UnusableGlobalScalesWriteNothingAndAreCounted) {
   std::vector<uint16_t> rows(3 * 2 * 64, float_to_bf16(1.5f));
   auto drows = DeviceArray<uint16_t>::from(rows);
   auto slots = DeviceArray<int64_t>::from({0, 5, 17});
-  for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 1e-45f}) {
+  for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 1e-45f,
+                    1e31f, 3e-31f}) {
     CUDA_OK(cudaMemset(cache.ptr, kPoison, cache.count));
     auto scales = DeviceArray<float>::from({1.0f, bad});
     auto status = DeviceArray<DeviceStatus>::from({DeviceStatus{}});

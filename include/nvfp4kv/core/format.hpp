@@ -39,16 +39,26 @@ NVFP4KV_HD float e2m1_decode(uint8_t code) {
 // tests/cpu/test_format.cpp checks it against the plain threshold definition.
 // Both candidate codes are computed and one is selected: no branch, so a warp
 // never diverges per element (the branchy form cost the store kernel ~2x).
-NVFP4KV_HD uint32_t e2m1_code(float x) {
+// Precondition: x is not NaN (the block rule guarantees it, see quantize_with_scale).
+NVFP4KV_HD uint32_t e2m1_code_not_nan(float x) {
   const uint32_t u = float_bits(x);
-  const uint32_t abs_bits = u & 0x7FFFFFFFu;
-  const float v = bits_float(abs_bits);
-  const float a = v < kE2M1Max ? v : kE2M1Max;  // NaN compares false and becomes 6 here
-  const uint32_t small = float_bits(a * 2.0f + 8388608.0f) & 3u;
+  const float v = bits_float(u & 0x7FFFFFFFu);
+  const float a = v < kE2M1Max ? v : kE2M1Max;
+#if defined(__CUDA_ARCH__)
+  const float rounded = __fmaf_rn(a, 2.0f, 8388608.0f);  // exact product: the same value as below, one FFMA
+#else
+  const float rounded = a * 2.0f + 8388608.0f;
+#endif
+  const uint32_t small = float_bits(rounded) & 3u;
   const uint32_t b = float_bits(a);
-  const uint32_t large = ((b + 0x1FFFFFu + ((b >> 22) & 1u)) >> 22) - 252u;  // 252 = 2 * 126: 1.0 -> 2
-  const uint32_t m = a < 1.0f ? small : large;
-  return abs_bits > 0x7F800000u ? 0u : (((u >> 28) & 8u) | m);
+  // (b + 0x1FFFFF + lsb) >> 22 rounds the mantissa to one bit; subtracting 252 << 22
+  // first rebiases the exponent (1.0 -> code 2) in the same add.
+  const uint32_t large = (b + (0x1FFFFFu - (252u << 22)) + ((b >> 22) & 1u)) >> 22;
+  return ((u >> 28) & 8u) | (a < 1.0f ? small : large);
+}
+
+NVFP4KV_HD uint32_t e2m1_code(float x) {
+  return (float_bits(x) & 0x7FFFFFFFu) > 0x7F800000u ? 0u : e2m1_code_not_nan(x);
 }
 
 NVFP4KV_HD uint8_t e2m1_encode(float x) { return uint8_t(e2m1_code(x)); }
@@ -102,6 +112,13 @@ struct QuantizedBlock {
   uint8_t non_finite;              // inputs that were NaN or +-Inf (stored as +0)
 };
 
+// Usable global scales. The bounds keep 1 / (block scale * global scale) finite
+// (block scales are >= 2^-9), so quantization never forms 0 * Inf; amax / 2688
+// lands inside for any amax in [2^-88, 2^111].
+inline constexpr float kMinGlobalScale = 7.8886090522101181e-31f;  // 2^-100
+inline constexpr float kMaxGlobalScale = 1.2676506002282294e30f;   // 2^100
+NVFP4KV_HD bool global_scale_usable(float s) { return s >= kMinGlobalScale && s <= kMaxGlobalScale; }
+
 namespace detail {
 
 // Quantize with one candidate scale code; returns the squared reconstruction
@@ -114,7 +131,9 @@ NVFP4KV_HD float quantize_with_scale(const float* x, uint8_t scale, float global
   const float inv = (scale == 0) ? 0.0f : 1.0f / block_scale;
   float err = 0.0f;
   for (int i = 0; i < kBlockSize; i += 2) {
-    const uint32_t lo = e2m1_code(x[i] * inv), hi = e2m1_code(x[i + 1] * inv);
+    // x is finite and inv finite (usable global scales keep 1 / block_scale below 2^110),
+    // so x * inv is never NaN.
+    const uint32_t lo = e2m1_code_not_nan(x[i] * inv), hi = e2m1_code_not_nan(x[i + 1] * inv);
     packed[i / 2] = uint8_t(lo | (hi << 4));
     const float d0 = (e2m1_decode(uint8_t(lo)) * scale_f) * global_scale - x[i];
     const float d1 = (e2m1_decode(uint8_t(hi)) * scale_f) * global_scale - x[i + 1];
@@ -126,7 +145,8 @@ NVFP4KV_HD float quantize_with_scale(const float* x, uint8_t scale, float global
 
 }  // namespace detail
 
-// global_scale is the dequant multiplier of this layer and side: finite, > 0.
+// global_scale is the dequant multiplier of this layer and side, in
+// [kMinGlobalScale, kMaxGlobalScale] (callers check with global_scale_usable).
 NVFP4KV_HD QuantizedBlock quantize_block(const float* in, float global_scale, ScaleRule rule) {
   // amax as the integer max of |x|'s bit patterns: the same order as the float max
   // for non-negative values, and anything >= 0x7F800000 reveals an Inf or NaN.

@@ -20,7 +20,8 @@ inline float recommend_global_scale(float observed_amax) {
     throw std::invalid_argument("recommend_global_scale: amax must be finite and >= 0, got " +
                                 std::to_string(observed_amax));
   if (observed_amax == 0.0f) return 1.0f;  // nothing to scale; any positive value works
-  return observed_amax / (kE4M3Max * kE2M1Max);
+  const float s = observed_amax / (kE4M3Max * kE2M1Max);
+  return s < kMinGlobalScale ? kMinGlobalScale : s > kMaxGlobalScale ? kMaxGlobalScale : s;
 }
 
 // vLLM's k_scale / v_scale multiply the stored value back: already a dequant multiplier.
@@ -34,10 +35,10 @@ inline float global_scale_from_flashinfer(float global_sf) { return 1.0f / globa
 inline float global_scale_from_trtllm_orig_quant(float orig_quant) { return 1.0f / orig_quant; }
 inline float global_scale_from_trtllm_quant_orig(float quant_orig) { return quant_orig; }
 
-// Throws unless the scale can be used: finite, positive, and its reciprocal finite.
+// Throws unless the scale is usable: in [2^-100, 2^100] (format.hpp says why).
 inline void require_valid_global_scale(float global_scale, const char* what) {
-  if (!std::isfinite(global_scale) || !(global_scale > 0.0f) || !std::isfinite(1.0f / global_scale))
-    throw std::invalid_argument(std::string(what) + ": global scale must be finite and > 0, got " +
+  if (!global_scale_usable(global_scale))
+    throw std::invalid_argument(std::string(what) + ": global scale must be in [2^-100, 2^100], got " +
                                 std::to_string(global_scale));
 }
 
