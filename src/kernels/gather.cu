@@ -92,7 +92,7 @@ __device__ void gather_rows(const GatherParams& p, int64_t seq, int64_t page_ind
 }
 
 template <ElementType kOut>
-__global__ void __launch_bounds__(512, 2) gather_kernel(const __grid_constant__ GatherParams p) {
+__global__ void gather_kernel(const __grid_constant__ GatherParams p) {
   for (int64_t h = threadIdx.y; h < p.layout.dims().heads; h += blockDim.y)
     gather_rows<kOut>(p, blockIdx.y, blockIdx.x, threadIdx.x, h, int(threadIdx.z));
 }
@@ -103,9 +103,9 @@ cudaError_t launch_gather(const GatherParams& p, ElementType out_type, cudaStrea
   if (p.batch == 0) return cudaSuccess;
   const dim3 grid(unsigned(p.block_table_stride), unsigned(p.batch));
   if (out_type == ElementType::kBFloat16)
-    gather_kernel<ElementType::kBFloat16><<<grid, row_block(p.layout.dims()), 0, stream>>>(p);
+    gather_kernel<ElementType::kBFloat16><<<grid, row_block(p.layout.dims(), 2), 0, stream>>>(p);
   else
-    gather_kernel<ElementType::kFloat16><<<grid, row_block(p.layout.dims()), 0, stream>>>(p);
+    gather_kernel<ElementType::kFloat16><<<grid, row_block(p.layout.dims(), 2), 0, stream>>>(p);
   return cudaGetLastError();
 }
 
