@@ -29,17 +29,15 @@ __device__ __forceinline__ void load_block(const void* base, int64_t index, floa
   }
 }
 
-// One CTA per token; threadIdx = (group, head) and each thread stores that
-// block of both K and V: the slot, the scale checks and the coordinates are
-// shared, and four 16-byte input loads are in flight before any math. No thread
-// divides a flat index (64-bit division by a runtime size made the first version
-// instruction-bound, see NOTES.md).
+// One CTA per token; threadIdx = (group, head, side), so no thread divides a
+// flat index (64-bit division by a runtime size costs ~100 instructions and
+// made the first version instruction-bound, see NOTES.md).
 template <ElementType kType, ScaleRule kRule>
-__device__ void store_device(const StoreParams& p, int64_t token, int64_t g, int64_t h) {
+__device__ void store_device(const StoreParams& p, int64_t token, int64_t g, int64_t h, int side) {
   const CacheDims& d = p.layout.dims();
   const int64_t slot = p.slots_are_int64 ? static_cast<const int64_t*>(p.slots)[token]
                                          : int64_t(static_cast<const int32_t*>(p.slots)[token]);
-  const bool counter = (g == 0 && h == 0);
+  const bool counter = (g == 0 && h == 0 && side == 0);
   if (slot < 0 || slot >= d.pages * d.tokens_per_page) {
     if (counter && p.status)
       atomicAdd(slot < 0 ? &p.status->padding : &p.status->out_of_range, 1ull);
@@ -47,50 +45,45 @@ __device__ void store_device(const StoreParams& p, int64_t token, int64_t g, int
   }
   // The scales live in device memory (graph capture), so they are checked here: a
   // zero, negative or non-finite scale would put NaN block scales in the cache.
-  const float gs[2] = {*p.k_global_scale, *p.v_global_scale};
-  if (!global_scale_usable(gs[0]) || !global_scale_usable(gs[1])) {
+  const float kgs = *p.k_global_scale, vgs = *p.v_global_scale;
+  if (!global_scale_usable(kgs) || !global_scale_usable(vgs)) {
     if (counter && p.status) atomicAdd(&p.status->bad_global_scale, 1ull);
     return;
   }
   if (counter && p.status) atomicAdd(&p.status->stored, 1ull);
-  const int64_t element = token * p.rows.token_stride + h * d.head_dim + g * kBlockSize;
-  float x[2][kBlockSize];
-  load_block<kType>(p.rows.k, element, x[0]);
-  load_block<kType>(p.rows.v, element, x[1]);
+  float x[kBlockSize];
+  load_block<kType>(side == 0 ? p.rows.k : p.rows.v, token * p.rows.token_stride + h * d.head_dim + g * kBlockSize, x);
+  const float gs = side == 0 ? kgs : vgs;
+  const QuantizedBlock q = quantize_block(x, gs, kRule);
+  if (q.non_finite && p.status) atomicAdd(&p.status->non_finite, (unsigned long long)q.non_finite);
+  const Region data = side == 0 ? Region::kKData : Region::kVData;
+  const Region scale = side == 0 ? Region::kKScale : Region::kVScale;
   // capacity < 2^31 is checked on the host, so a 32-bit division suffices.
   const uint32_t n = uint32_t(d.tokens_per_page), s32 = uint32_t(slot);
-  const Coord at{p.layer, int64_t(s32 / n), int64_t(s32 % n), h, g};
-#pragma unroll
-  for (int side = 0; side < 2; ++side) {
-    const QuantizedBlock q = quantize_block(x[side], gs[side], kRule);
-    if (q.non_finite && p.status) atomicAdd(&p.status->non_finite, (unsigned long long)q.non_finite);
-    const Region data = side == 0 ? Region::kKData : Region::kVData;
-    const Region scale = side == 0 ? Region::kKScale : Region::kVScale;
-    p.buffers.ptr[p.layout.region(scale).buffer][p.layout.offset(scale, at)] = q.scale;
-    uint8_t* dst = p.buffers.ptr[p.layout.region(data).buffer];
-    Coord c = at;
-    c.column = g * (kBlockSize / 2);
-    if (p.layout.vector_bytes(data) >= 8) {
-      uint2 v;
-      v.x = uint32_t(q.packed[0]) | uint32_t(q.packed[1]) << 8 | uint32_t(q.packed[2]) << 16 | uint32_t(q.packed[3]) << 24;
-      v.y = uint32_t(q.packed[4]) | uint32_t(q.packed[5]) << 8 | uint32_t(q.packed[6]) << 16 | uint32_t(q.packed[7]) << 24;
-      *reinterpret_cast<uint2*>(dst + p.layout.offset(data, c)) = v;
-    } else {
-      for (int j = 0; j < kBlockSize / 2; ++j, ++c.column) dst[p.layout.offset(data, c)] = q.packed[j];
-    }
+  Coord c{p.layer, int64_t(s32 / n), int64_t(s32 % n), h, g};
+  p.buffers.ptr[p.layout.region(scale).buffer][p.layout.offset(scale, c)] = q.scale;
+  uint8_t* dst = p.buffers.ptr[p.layout.region(data).buffer];
+  c.column = g * (kBlockSize / 2);
+  if (p.layout.vector_bytes(data) >= 8) {
+    uint2 v;
+    v.x = uint32_t(q.packed[0]) | uint32_t(q.packed[1]) << 8 | uint32_t(q.packed[2]) << 16 | uint32_t(q.packed[3]) << 24;
+    v.y = uint32_t(q.packed[4]) | uint32_t(q.packed[5]) << 8 | uint32_t(q.packed[6]) << 16 | uint32_t(q.packed[7]) << 24;
+    *reinterpret_cast<uint2*>(dst + p.layout.offset(data, c)) = v;
+  } else {
+    for (int j = 0; j < kBlockSize / 2; ++j, ++c.column) dst[p.layout.offset(data, c)] = q.packed[j];
   }
 }
 
 template <ElementType kType, ScaleRule kRule>
 __global__ void store_kernel(const __grid_constant__ StoreParams p) {
   for (int64_t h = threadIdx.y; h < p.layout.dims().heads; h += blockDim.y)
-    store_device<kType, kRule>(p, blockIdx.x, threadIdx.x, h);
+    store_device<kType, kRule>(p, blockIdx.x, threadIdx.x, h, int(threadIdx.z));
 }
 
 template <ElementType kType, ScaleRule kRule>
 cudaError_t launch(const StoreParams& p, cudaStream_t stream) {
   if (p.rows.tokens == 0) return cudaSuccess;
-  store_kernel<kType, kRule><<<unsigned(p.rows.tokens), row_block(p.layout.dims(), 1), 0, stream>>>(p);
+  store_kernel<kType, kRule><<<unsigned(p.rows.tokens), row_block(p.layout.dims(), 2), 0, stream>>>(p);
   return cudaGetLastError();
 }
 
