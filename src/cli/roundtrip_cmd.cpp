@@ -27,8 +27,7 @@ struct Workload {
   int64_t tokens = 0;
   std::vector<uint16_t> k, v;  // bf16 (tokens, heads, D)
   std::vector<int64_t> slots;
-  std::vector<int32_t> block_table;  // pages in slot order, for gather
-  int64_t gathered_tokens = 0;
+  std::vector<int32_t> block_table;  // the used pages in slot order: one sequence, for gather
   float k_gs = 1, v_gs = 1;
 };
 
@@ -63,11 +62,9 @@ Workload make_workload(const CacheDims& d, const RoundtripOptions& opt) {
     w.slots.push_back(int64_t(w.block_table[size_t(i / d.tokens_per_page)]) * d.tokens_per_page + i % d.tokens_per_page);
   // One padding slot and one beyond capacity, which both paths must skip.
   if (w.tokens >= 4) {
-    w.gathered_tokens = w.tokens;
     w.slots[1] = -1;
     w.slots[2] = capacity + 5;
   }
-  w.gathered_tokens = w.tokens;
   return w;
 }
 
@@ -172,7 +169,7 @@ GpuOutcome run_gpu(const ValidLayout& valid, const Workload& w, std::vector<int3
   auto* status = static_cast<DeviceStatus*>(alloc(sizeof(DeviceStatus)));
   auto* bt = static_cast<int32_t*>(alloc(w.block_table.size() * 4));
   auto* dcu = static_cast<int32_t*>(alloc(cu.size() * 4));
-  const size_t out_elems = size_t(w.gathered_tokens * d.heads * d.head_dim);
+  const size_t out_elems = size_t(w.tokens * d.heads * d.head_dim);
   void* kout = alloc(out_elems * 2);
   void* vout = alloc(out_elems * 2);
   if (!dk || !dv || !dslots || !scales || !status || !bt || !dcu || !kout || !vout) {
@@ -255,13 +252,13 @@ bool roundtrip(const ValidLayout& valid, const RoundtripOptions& opt, std::ostre
   const StoreCounts counts = reference::store(valid, cpu.buffers, sp);
   int64_t cpu_poison_bad = 0;
   const auto cpu_tally = audit(valid, cpu, w, qk, qv, cpu_poison_bad);
-  reference::GatherParams gp{w.block_table.data(), w.gathered_tokens, 0, w.k_gs, w.v_gs};
+  reference::GatherParams gp{w.block_table.data(), w.tokens, 0, w.k_gs, w.v_gs};
   const auto gathered = reference::gather(valid, cpu.buffers, gp);
   // Expected gather: the dense dequantization, except skipped slots, which hold poison.
   const auto dk = reference::dequantize(qk, w.k_gs), dv = reference::dequantize(qv, w.v_gs);
   const int64_t row = d.heads * d.head_dim;
   int64_t cpu_gather_bad = 0, compared = 0;
-  for (int64_t i = 0; i < w.gathered_tokens; ++i) {
+  for (int64_t i = 0; i < w.tokens; ++i) {
     const int64_t slot = w.slots[size_t(i)];
     if (slot < 0 || slot >= d.pages * d.tokens_per_page) continue;
     for (int64_t e = 0; e < row; ++e, ++compared) {
@@ -278,7 +275,7 @@ bool roundtrip(const ValidLayout& valid, const RoundtripOptions& opt, std::ostre
   std::string gpu_poison = "-", gpu_gather = "-", gpu_counts = "-";
 #if defined(NVFP4KV_HAVE_CUDA)
   if (opt.use_gpu) {
-    std::vector<int32_t> cu = {0, int32_t(w.gathered_tokens)};
+    std::vector<int32_t> cu = {0, int32_t(w.tokens)};
     GpuOutcome g = run_gpu(valid, w, cu);
     if (!g.ran) {
       gpu_note = "not run: " + g.why;
@@ -295,7 +292,7 @@ bool roundtrip(const ValidLayout& valid, const RoundtripOptions& opt, std::ostre
       }
       gpu_poison = gpu_poison_bad == 0 ? "untouched" : "FAIL, " + std::to_string(gpu_poison_bad) + " bytes changed";
       int64_t bad = 0;
-      for (int64_t i = 0; i < w.gathered_tokens; ++i) {
+      for (int64_t i = 0; i < w.tokens; ++i) {
         const int64_t slot = w.slots[size_t(i)];
         if (slot < 0 || slot >= d.pages * d.tokens_per_page) continue;
         for (int64_t e = 0; e < row; ++e) {

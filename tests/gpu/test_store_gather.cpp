@@ -75,6 +75,20 @@ Rows make_rows(const CacheDims& d, int64_t tokens, ElementType type, bool struct
   return r;
 }
 
+// Store arguments for bf16 rows (tokens, heads * D contiguous) with int64 slots and
+// K/V global scales at scales[0], scales[1].
+StoreArgs bf16_store_args(const uint16_t* rows, int64_t tokens, int64_t row, const int64_t* slots, const float* scales,
+                          DeviceStatus* status = nullptr) {
+  StoreArgs a;
+  a.rows = {rows, rows, tokens, row};
+  a.slots = slots;
+  a.slots_are_int64 = true;
+  a.k_global_scale = scales;
+  a.v_global_scale = scales + 1;
+  a.status = status;
+  return a;
+}
+
 struct Outcome {
   StoreCounts cpu;
   DeviceStatus gpu;
@@ -282,14 +296,7 @@ TEST_F(Gpu, UnusableGlobalScalesWriteNothingAndAreCounted) {
     CUDA_OK(cudaMemset(cache.ptr, kPoison, cache.count));
     auto scales = DeviceArray<float>::from({1.0f, bad});
     auto status = DeviceArray<DeviceStatus>::from({DeviceStatus{}});
-    StoreArgs a;
-    a.rows = {drows.ptr, drows.ptr, 3, 128};
-    a.slots = slots.ptr;
-    a.slots_are_int64 = true;
-    a.k_global_scale = scales.ptr;
-    a.v_global_scale = scales.ptr + 1;
-    a.status = status.ptr;
-    ASSERT_TRUE(store(v, b, a, nullptr).ok());
+    ASSERT_TRUE(store(v, b, bf16_store_args(drows.ptr, 3, 128, slots.ptr, scales.ptr, status.ptr), nullptr).ok());
     CUDA_OK(cudaDeviceSynchronize());
     EXPECT_EQ(status.to_host()[0].bad_global_scale, 3u) << bad;
     EXPECT_EQ(status.to_host()[0].stored, 0u) << bad;
@@ -327,12 +334,7 @@ TEST_F(Gpu, HostSideErrorsLaunchNothing) {
   CacheBuffers b;
   for (int i = 0; i < 4; ++i) b.ptr[i] = buf.ptr + 1024 * i;
   b.count = 4;
-  StoreArgs a;
-  a.rows = {rows.ptr, rows.ptr, 2, 128};
-  a.slots = slots.ptr;
-  a.slots_are_int64 = true;
-  a.k_global_scale = scales.ptr;
-  a.v_global_scale = scales.ptr + 1;
+  const StoreArgs a = bf16_store_args(rows.ptr, 2, 128, slots.ptr, scales.ptr);
   EXPECT_TRUE(store(v, b, a, nullptr).ok());
   auto bad = [&](auto mutate, const char* needle) {
     StoreArgs x = a;
