@@ -25,7 +25,6 @@ class Args {
   std::optional<std::string> get(const std::string& name) const;
   std::optional<int64_t> integer(const std::string& name) const;
   std::optional<int64_t> bytes(const std::string& name) const;  // 512MiB, 80GiB, 1e9
-  std::optional<double> number(const std::string& name) const;
 
  private:
   std::vector<std::string> positional_;
@@ -33,7 +32,6 @@ class Args {
   std::map<std::string, bool> flags_;
 };
 
-inline constexpr const char* kSizeOptions[] = {"layers", "pages", "heads", "head-dim", "tokens-per-page"};
 DimsOverride dims_from(const Args& args);
 
 int run_demo(const std::vector<std::string>& argv);

@@ -75,15 +75,6 @@ std::optional<int64_t> Args::integer(const std::string& name) const {
   return x;
 }
 
-std::optional<double> Args::number(const std::string& name) const {
-  const auto v = get(name);
-  if (!v) return std::nullopt;
-  double x = 0;
-  const size_t used = parse_prefix(*v, [](const std::string& s, size_t* n) { return std::stod(s, n); }, x);
-  if (used == 0 || used != v->size()) throw UsageError("--" + name + " expects a number, got \"" + *v + "\"");
-  return x;
-}
-
 std::optional<int64_t> Args::bytes(const std::string& name) const {
   const auto v = get(name);
   if (!v) return std::nullopt;

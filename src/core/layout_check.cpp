@@ -25,7 +25,6 @@ namespace {
 __extension__ typedef __int128 i128;
 
 enum Outer { kLayer = 0, kPage = 1, kHead = 2, kOuterCount = 3 };
-constexpr const char* kOuterNames[kOuterCount] = {"layer", "page", "head"};
 
 int64_t outer_stride(const RegionMap& m, int d) { return d == kLayer ? m.layer : d == kPage ? m.page : m.head; }
 int64_t& outer_coord(Coord& c, int d) { return d == kLayer ? c.layer : d == kPage ? c.page : c.head; }

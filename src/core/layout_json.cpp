@@ -50,7 +50,6 @@ LayoutSpec parse_layout_spec(std::string_view text) {
   }
   require_keys(doc, {"name", "summary", "source", "dims", "let", "buffers", "regions"}, "layout");
   LayoutSpec spec;
-  spec.source_text = std::string(text);
   if (!doc.contains("name") || !doc["name"].is_string()) throw LayoutError("layout: \"name\" (a string) is required");
   spec.name = doc["name"].get<std::string>();
   if (doc.contains("summary")) {

@@ -130,7 +130,7 @@ struct DimsOverride {
 // A parsed layout description with strides still as expressions over
 // L P N H D dd sd F (docs/layouts.md).
 struct LayoutSpec {
-  std::string name, summary, source_text;
+  std::string name, summary;
   DimsOverride defaults;
   std::vector<std::pair<std::string, std::string>> lets;  // named sub-expressions, in order
   struct BufferSpec {
