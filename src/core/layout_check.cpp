@@ -299,14 +299,9 @@ void check_structure(const Layout& layout, CheckReport& rep) {
     }
   }
   if (!rep.problems.empty()) return;
-  for (Region r : kAllRegions) {  // largest offset must fit in int64
-    const RegionMap& m = layout.region(r);
-    const Coord c = last_coord(layout, r);
-    const i128 last = i128(m.offset) + i128(c.layer) * m.layer + i128(c.page) * m.page + i128(c.head) * m.head +
-                      (i128(c.token) * m.token + i128(c.column) * m.column) +
-                      (m.permutation == ScalePermutation::kInterleave4 ? i128(d.tokens_per_page) * d.scale_bytes() * m.column : 0);
-    need(last < i128(INT64_MAX) / 2, std::string(region_name(r)) + ": offsets overflow 64 bits; the sizes are too large");
-  }
+  for (Region r : kAllRegions)  // the largest offset (strides >= 0: the last element's) must fit in int64
+    need(region_offset_as<i128>(layout.region(r), d.scale_bytes(), last_coord(layout, r)) < i128(INT64_MAX) / 2,
+         std::string(region_name(r)) + ": offsets overflow 64 bits; the sizes are too large");
 }
 
 void check_bounds(const Layout& layout, CheckReport& rep) {
@@ -325,13 +320,13 @@ void report_alignment(const Layout& layout, CheckReport& rep) {
   for (Region r : kAllRegions) {
     const RegionMap& m = layout.region(r);
     RegionAlignment& a = rep.alignment[size_t(r)];
-    if (m.column != 1) {
-      a = {1, 1};
+    if (m.column != 1) {  // columns not contiguous: byte access only
+      a.vector_bytes = 1;
       continue;
     }
+    // A row is contiguous: D/2 or D/16 bytes, or 4 token rows of scales under interleave4.
     const bool perm = m.permutation == ScalePermutation::kInterleave4;
-    a.row_bytes = perm ? 4 * d.scale_bytes() : d.columns(r);
-    int64_t g = std::gcd(int64_t(16), a.row_bytes);
+    int64_t g = std::gcd(int64_t(16), perm ? 4 * d.scale_bytes() : d.columns(r));
     g = std::gcd(g, m.offset);
     const Buffer& b = layout.buffers[size_t(m.buffer)];
     if (layout.layers_in(b) > 1) g = std::gcd(g, m.layer);

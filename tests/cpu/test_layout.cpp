@@ -137,6 +137,15 @@ TEST(Check, RejectsNegativeStridesAndBadPermutations) {
   EXPECT_NE(check(l).report.problems[0].find("tokens per page % 4"), std::string::npos);
 }
 
+TEST(Check, RejectsOffsetsThatOverflow64Bits) {
+  Layout l = tiny();
+  l.regions[2].page = int64_t(1) << 62;  // page 2 of v_data would sit at 2^63
+  l.buffers[0].bytes = INT64_MAX;
+  const CheckReport r = check(l).report;
+  ASSERT_FALSE(r.ok);
+  EXPECT_NE(r.problems[0].find("v_data: offsets overflow 64 bits"), std::string::npos) << r.problems[0];
+}
+
 TEST(Check, Interleave4IsAPermutationOfThePlane) {
   for (int64_t n : {4, 8, 16, 64})
     for (int64_t d : {64, 128, 256}) {

@@ -60,7 +60,6 @@ struct Collision {
 
 struct RegionAlignment {
   int vector_bytes = 1;  // widest power-of-two load (<= 16) every row of the region allows
-  int64_t row_bytes = 0;  // contiguous bytes per row (4 token rows for interleave4)
 };
 
 struct CheckReport {

@@ -42,14 +42,21 @@ struct Coord {
   int64_t layer = 0, page = 0, token = 0, head = 0, column = 0;
 };
 
-NVFP4KV_HD int64_t region_offset(const RegionMap& m, int64_t scale_bytes, const Coord& c) {
-  const int64_t outer = m.offset + c.layer * m.layer + c.page * m.page + c.head * m.head;
+// Int is int64_t everywhere except in the validator, which evaluates the same
+// map in 128 bits to prove that no offset overflows before anything uses int64_t.
+template <typename Int>
+NVFP4KV_HD Int region_offset_as(const RegionMap& m, int64_t scale_bytes, const Coord& c) {
+  const Int outer = Int(m.offset) + Int(c.layer) * m.layer + Int(c.page) * m.page + Int(c.head) * m.head;
   if (m.permutation == ScalePermutation::kInterleave4) {
     const int64_t q = scale_bytes / 4;  // groups per 4-byte column of the interleave
     const int64_t pos = ((c.token / 4) * 4 + c.column / q) * scale_bytes + (c.column % q) * 4 + c.token % 4;
-    return outer + pos * m.column;
+    return outer + Int(pos) * m.column;
   }
-  return outer + c.token * m.token + c.column * m.column;
+  return outer + Int(c.token) * m.token + Int(c.column) * m.column;
+}
+
+NVFP4KV_HD int64_t region_offset(const RegionMap& m, int64_t scale_bytes, const Coord& c) {
+  return region_offset_as<int64_t>(m, scale_bytes, c);
 }
 
 class ValidLayout;
