@@ -103,9 +103,9 @@ cudaError_t launch_gather(const GatherParams& p, ElementType out_type, cudaStrea
   if (p.batch == 0) return cudaSuccess;
   const dim3 grid(unsigned(p.block_table_stride), unsigned(p.batch));
   if (out_type == ElementType::kBFloat16)
-    gather_kernel<ElementType::kBFloat16><<<grid, row_block(p.layout.dims(), 2), 0, stream>>>(p);
+    gather_kernel<ElementType::kBFloat16><<<grid, row_block(p.layout.dims()), 0, stream>>>(p);
   else
-    gather_kernel<ElementType::kFloat16><<<grid, row_block(p.layout.dims(), 2), 0, stream>>>(p);
+    gather_kernel<ElementType::kFloat16><<<grid, row_block(p.layout.dims()), 0, stream>>>(p);
   return cudaGetLastError();
 }
 

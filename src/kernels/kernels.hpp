@@ -41,12 +41,11 @@ struct GatherParams {
 };
 
 // Thread block for kernels that give one CTA to one token row: x = group,
-// y = head (looping when the row has more blocks than a CTA holds), z = side
-// (sides = 1 when each thread handles K and V itself).
-inline dim3 row_block(const CacheDims& d, unsigned sides) {
+// y = head (looping when the row has more blocks than a CTA holds), z = side.
+inline dim3 row_block(const CacheDims& d) {
   const unsigned groups = unsigned(d.scale_bytes());
-  const unsigned heads = unsigned(std::min<int64_t>(d.heads, std::max<int64_t>(1, 512 / (sides * groups))));
-  return dim3(groups, heads, sides);
+  const unsigned heads = unsigned(std::min<int64_t>(d.heads, std::max<int64_t>(1, 512 / (2 * groups))));
+  return dim3(groups, heads, 2);
 }
 
 // One place maps runtime types and rules to template instances.

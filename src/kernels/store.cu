@@ -83,7 +83,7 @@ __global__ void store_kernel(const __grid_constant__ StoreParams p) {
 template <ElementType kType, ScaleRule kRule>
 cudaError_t launch(const StoreParams& p, cudaStream_t stream) {
   if (p.rows.tokens == 0) return cudaSuccess;
-  store_kernel<kType, kRule><<<unsigned(p.rows.tokens), row_block(p.layout.dims(), 2), 0, stream>>>(p);
+  store_kernel<kType, kRule><<<unsigned(p.rows.tokens), row_block(p.layout.dims()), 0, stream>>>(p);
   return cudaGetLastError();
 }
 
