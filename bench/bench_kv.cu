@@ -235,8 +235,15 @@ void bench_decode_store(int64_t tokens) {
 
 int main(int argc, char** argv) {
   const char* md = nullptr;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (!std::strcmp(argv[i], "--markdown")) md = argv[i + 1];
+  bool profile_only = false;  // --profile: just the 65536-token store and gather, for ncu
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--markdown") && i + 1 < argc) md = argv[++i];
+    else if (!std::strcmp(argv[i], "--profile")) profile_only = true;
+    else {
+      std::fprintf(stderr, "usage: nvfp4kv_bench [--markdown FILE] [--profile]\n");
+      return 2;
+    }
+  }
   std::string why;
   if (!cuda_device_available(&why)) {
     std::printf("no GPU benchmark: %s\n", why.c_str());
@@ -245,6 +252,11 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs, %.0f MB L2\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6);
+  if (profile_only) {
+    bench_store("nvfp4kv-native", 65536, ScaleRule::kStandard, 2);
+    bench_gather("nvfp4kv-native", 65536, 7);
+    return 0;
+  }
   // Ceilings, 2 GiB buffers of random bytes (well past the L2).
   const size_t big = size_t(2) << 30;
   uint8_t *src, *dst;

@@ -21,6 +21,23 @@ cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DNVFP4KV_REQUIRE_CU
 cmake --build build/gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
 cuobjdump --dump-resource-usage build/gpu/libnvfp4kv_cuda.a 2>/dev/null | grep -E "Function|REG" | sed 's/^\s*//' | paste - - | awk '{print $2, $3, $4, $5, $6, $7}' | head -12
 
+if [ "${NVFP4KV_SASS:-0}" = 1 ]; then
+  step "SASS opcode counts (bf16 store, standard rule; bf16 gather)"
+  cuobjdump -sass build/gpu/libnvfp4kv_cuda.a > "$OUT/sass.txt" 2>&1
+  python3 - "$OUT/sass.txt" <<'PY'
+import collections, re, sys
+text = open(sys.argv[1]).read()
+for name in ("store_kernelILNS_11ElementTypeE1ELNS_9ScaleRuleE0", "gather_kernelILNS_11ElementTypeE1"):
+    m = re.search(r"Function : (\S*%s\S*)" % name, text)
+    if not m:
+        print("not found:", name); continue
+    body = text[m.end():text.find("Function :", m.end())]
+    ops = collections.Counter(re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", body))
+    print(name, "instructions:", sum(ops.values()))
+    print("  " + ", ".join("%s %d" % kv for kv in ops.most_common(24)))
+PY
+fi
+
 step "CPU tests (same build)"
 (cd build/gpu && ctest -E "Gpu|fuzz" -j 16 2>&1 | tail -3)
 step "GPU tests"
@@ -43,9 +60,13 @@ build/gpu/nvfp4kv_bench --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log" |
 echo "--- the same binary again (spread between runs)"
 build/gpu/nvfp4kv_bench --markdown "$OUT/bench2.md" 2>&1 | grep -E "store 65536 tok x 8 heads x D128, nvfp4kv|gather 65536 tok x 8 heads x D128 -> bf16, nvfp4kv|copy" | grep -v "^|"
 if [ "${NVFP4KV_NCU:-0}" = 1 ]; then
-  step "ncu: store kernel"
-  timeout 120 ncu --clock-control none -k regex:store_kernel -s 40 -c 1 --section SpeedOfLight --section Occupancy \
-    build/gpu/nvfp4kv_bench > "$OUT/ncu.log" 2>&1; grep -E "Throughput|Duration|Occupancy|Registers" "$OUT/ncu.log" | head -20
+  for k in store_kernel gather_kernel; do
+    step "ncu: $k (one launch of the 65536-token case)"
+    timeout 150 ncu --clock-control none -k regex:$k -s 8 -c 1 --section SpeedOfLight --section Occupancy \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+      build/gpu/nvfp4kv_bench --profile > "$OUT/ncu_$k.log" 2>&1
+    grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Executed Ipc A|Stall|Mem Busy|Max Bandwidth" "$OUT/ncu_$k.log" | head -24
+  done
 fi
 step "summary"
 printf '%s\n' "${status[@]}"

@@ -3,10 +3,10 @@
 // issuing the four tokens' cache loads before decoding any of them (one
 // dependent load chain per thread left the first version latency-bound).
 // Every address comes from the validated LayoutView.
-// E2M1 is decoded by bit placement (Hopper has no E2M1 conversion): the 3
-// magnitude bits under the fp32 exponent/mantissa give value * 2^-126 exactly,
-// so (bits * 2^126) * scale is exact and the one rounding happens at
-// * global_scale, as in the reference.
+// Decoding is core's table decode (packed_block.hpp): per block, the outputs of
+// the 8 magnitudes, computed as the reference computes an element; per element,
+// byte permutes (Hopper has no E2M1 conversion). tests/cpu checks the table
+// decode against the reference's dequantize_element for every scale byte.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -15,23 +15,7 @@
 namespace nvfp4kv::kernels {
 namespace {
 
-constexpr float kTwo126 = 8.507059173023462e37f;  // 2^126
 constexpr int kTokensInFlight = 4;
-
-__device__ __forceinline__ float e2m1_scaled(uint32_t nibble) {
-  return bits_float(((nibble & 7u) << 22) | ((nibble & 8u) << 28)) * kTwo126;
-}
-
-template <ElementType kOut>
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-  if constexpr (kOut == ElementType::kBFloat16) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-}
 
 // The 8 data bytes of one block: one 8-byte load where the layout's rows allow it.
 __device__ __forceinline__ uint2 load_block_bytes(const GatherParams& p, Region data, Coord c) {
@@ -77,13 +61,10 @@ __device__ void gather_rows(const GatherParams& p, int64_t seq, int64_t page_ind
 #pragma unroll
     for (int k = 0; k < kTokensInFlight; ++k) {
       if (t0 + k >= count) break;
-      const float sf_f = e4m3_decode(sf[k]);
+      const DecodeTable table = decode_table<kOut>(sf[k], gs);
       uint32_t packed[8];
-#pragma unroll
-      for (int b = 0; b < 8; ++b) {
-        const uint32_t byte = (b < 4 ? bytes[k].x : bytes[k].y) >> (8 * (b % 4));
-        packed[b] = pack2<kOut>((e2m1_scaled(byte & 15u) * sf_f) * gs, (e2m1_scaled((byte >> 4) & 15u) * sf_f) * gs);
-      }
+      decode_eight(table, bytes[k].x, *reinterpret_cast<uint32_t(*)[4]>(packed));
+      decode_eight(table, bytes[k].y, *reinterpret_cast<uint32_t(*)[4]>(packed + 4));
       uint4* out = out_row(t0 + k);
       out[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
       out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);

@@ -10,6 +10,7 @@
 #include "nvfp4kv/core/format.hpp"
 #include "nvfp4kv/core/half.hpp"
 #include "nvfp4kv/core/layout_view.hpp"
+#include "nvfp4kv/core/packed_block.hpp"
 
 namespace nvfp4kv::kernels {
 

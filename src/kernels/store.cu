@@ -2,7 +2,9 @@
 // Consecutive threads take consecutive groups of one row, so the input is read
 // in contiguous 32-byte pieces and each (token, head) row is written contiguously.
 // Every address comes from the validated LayoutView; the block quantization is
-// core's quantize_block, the same code the CPU reference runs.
+// core's code, shared with the CPU reference: quantize_finite_block
+// (packed_block.hpp, proven equal to quantize_block by tests/cpu) for the
+// standard rule, quantize_block itself for 4over6 and non-finite inputs.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -10,24 +12,6 @@
 
 namespace nvfp4kv::kernels {
 namespace {
-
-template <ElementType kType>
-__device__ __forceinline__ void load_block(const void* base, int64_t index, float (&x)[kBlockSize]) {
-  const uint4* p = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + index);
-  const uint4 lo = __ldg(p), hi = __ldg(p + 1);
-  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    if constexpr (kType == ElementType::kBFloat16) {
-      x[2 * i] = bits_float(w[i] << 16);
-      x[2 * i + 1] = bits_float(w[i] & 0xFFFF0000u);
-    } else {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-      x[2 * i] = f.x;
-      x[2 * i + 1] = f.y;
-    }
-  }
-}
 
 // One CTA per token; threadIdx = (group, head, side), so no thread divides a
 // flat index (64-bit division by a runtime size costs ~100 instructions and
@@ -51,11 +35,30 @@ __device__ void store_device(const StoreParams& p, int64_t token, int64_t g, int
     return;
   }
   if (counter && p.status) atomicAdd(&p.status->stored, 1ull);
-  float x[kBlockSize];
-  load_block<kType>(side == 0 ? p.rows.k : p.rows.v, token * p.rows.token_stride + h * d.head_dim + g * kBlockSize, x);
+  // The block's 16 input elements as 8 words of two (16-byte aligned, checked on the host).
+  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(side == 0 ? p.rows.k : p.rows.v) +
+                                                    token * p.rows.token_stride + h * d.head_dim + g * kBlockSize);
+  const uint4 lo = __ldg(src), hi = __ldg(src + 1);
+  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
   const float gs = side == 0 ? kgs : vgs;
-  const QuantizedBlock q = quantize_block(x, gs, kRule);
-  if (q.non_finite && p.status) atomicAdd(&p.status->non_finite, (unsigned long long)q.non_finite);
+  PackedBlock q;
+  // Fast path: the standard rule on a block of finite elements (packed_block.hpp).
+  // 4over6 and blocks holding Inf or NaN take quantize_block on widened floats.
+  const uint32_t amax = kRule == ScaleRule::kStandard ? packed_amax<kType>(w) : non_finite_floor<kType>();
+  if (amax < non_finite_floor<kType>()) {
+    q = quantize_finite_block<kType>(w, amax, gs);
+  } else {
+    float x[kBlockSize];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[2 * i] = low_element<kType>(w[i]), x[2 * i + 1] = high_element<kType>(w[i]);
+    const QuantizedBlock b = quantize_block(x, gs, kRule);
+    if (b.non_finite && p.status) atomicAdd(&p.status->non_finite, (unsigned long long)b.non_finite);
+    q.scale = b.scale;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      q.data[i] = uint32_t(b.packed[4 * i]) | uint32_t(b.packed[4 * i + 1]) << 8 | uint32_t(b.packed[4 * i + 2]) << 16 |
+                  uint32_t(b.packed[4 * i + 3]) << 24;
+  }
   const Region data = side == 0 ? Region::kKData : Region::kVData;
   const Region scale = side == 0 ? Region::kKScale : Region::kVScale;
   // capacity < 2^31 is checked on the host, so a 32-bit division suffices.
@@ -65,12 +68,9 @@ __device__ void store_device(const StoreParams& p, int64_t token, int64_t g, int
   uint8_t* dst = p.buffers.ptr[p.layout.region(data).buffer];
   c.column = g * (kBlockSize / 2);
   if (p.layout.vector_bytes(data) >= 8) {
-    uint2 v;
-    v.x = uint32_t(q.packed[0]) | uint32_t(q.packed[1]) << 8 | uint32_t(q.packed[2]) << 16 | uint32_t(q.packed[3]) << 24;
-    v.y = uint32_t(q.packed[4]) | uint32_t(q.packed[5]) << 8 | uint32_t(q.packed[6]) << 16 | uint32_t(q.packed[7]) << 24;
-    *reinterpret_cast<uint2*>(dst + p.layout.offset(data, c)) = v;
+    *reinterpret_cast<uint2*>(dst + p.layout.offset(data, c)) = make_uint2(q.data[0], q.data[1]);
   } else {
-    for (int j = 0; j < kBlockSize / 2; ++j, ++c.column) dst[p.layout.offset(data, c)] = q.packed[j];
+    for (int j = 0; j < kBlockSize / 2; ++j, ++c.column) dst[p.layout.offset(data, c)] = uint8_t(q.data[j / 4] >> (8 * (j % 4)));
   }
 }
 

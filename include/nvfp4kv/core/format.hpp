@@ -30,31 +30,75 @@ NVFP4KV_HD float e2m1_decode(uint8_t code) {
 // Round to nearest, ties to the even code, saturating at +-6. The sign is kept,
 // so a small negative value becomes -0 (code 8), as ml_dtypes and the hardware do.
 // NaN encodes as +0; the block quantizer never passes one in.
-// Written with float bit arithmetic instead of a compare chain (about half the
-// instructions on the GPU, where the store kernel spends its time here):
-//  - |x| < 1: the grid is {0, .5, 1}; 2|x| + 2^23 rounds 2|x| to an integer with
-//    ties to even, and that integer is the code (0, 1 or 2);
-//  - 1 <= |x| <= 6: E2M1 keeps one mantissa bit, so rounding the float's
-//    mantissa to 1 bit (half-even) and rebiasing the exponent gives the code.
+//
+// Hopper has no E2M1 conversion, so the rounding is built from FP32 arithmetic,
+// which Hopper issues at twice the rate of integer and logic operations (the
+// bit-manipulation encoder this replaces cost ~12 integer ops per element and
+// made the store kernel integer-issue-bound, see src/kernels/NOTES.md).
+// The E2M1 grid has three uniform pieces: steps of 0.5 on [0, 2], of 1 on
+// [2, 4] and of 2 on [4, 6]. The magnitude code counts steps, so it is the sum
+// of three independently rounded counts:
+//   n1 = rne(4 * sat(a / 2))      steps of 0.5 below 2      (0..4)
+//   n2 = rne(2 * sat(a / 2 - 1))  steps of 1 between 2 and 4 (0..2)
+//   n3 = rne(sat(a / 2 - 2))      steps of 2 between 4 and 6 (0..1)
+// where sat clamps to [0, 1] (a free modifier on the GPU's FMUL/FFMA). On each
+// piece only one count is fractional and the other two are at their ends, so
+// the sum is the round-to-nearest code; ties go to the even count, which is the
+// even code because the pieces start at even codes (0, 4, 6); beyond 6 all
+// three saturate (code 7). Every product and difference above is exact in fp32
+// (a / 2 - k for a in the piece where it is not clamped: Sterbenz), so the only
+// roundings are the three "+ 2^23", each to an integer with ties to even; the
+// counts land in the low mantissa bits and one integer add sums them.
 // tests/cpu/test_format.cpp checks it against the plain threshold definition.
-// Both candidate codes are computed and one is selected: no branch, so a warp
-// never diverges per element (the branchy form cost the store kernel ~2x).
-// Precondition: x is not NaN (the block rule guarantees it, see quantize_with_scale).
-NVFP4KV_HD uint32_t e2m1_code_not_nan(float x) {
-  const uint32_t u = float_bits(x);
-  const float v = bits_float(u & 0x7FFFFFFFu);
-  const float a = v < kE2M1Max ? v : kE2M1Max;
+NVFP4KV_HD float sat01(float v) {
 #if defined(__CUDA_ARCH__)
-  const float rounded = __fmaf_rn(a, 2.0f, 8388608.0f);  // exact product: the same value as below, one FFMA
+  return __saturatef(v);
 #else
-  const float rounded = a * 2.0f + 8388608.0f;
+  return v > 0.0f ? (v < 1.0f ? v : 1.0f) : 0.0f;
 #endif
-  const uint32_t small = float_bits(rounded) & 3u;
-  const uint32_t b = float_bits(a);
-  // (b + 0x1FFFFF + lsb) >> 22 rounds the mantissa to one bit; subtracting 252 << 22
-  // first rebiases the exponent (1.0 -> code 2) in the same add.
-  const uint32_t large = (b + (0x1FFFFFu - (252u << 22)) + ((b >> 22) & 1u)) >> 22;
-  return ((u >> 28) & 8u) | (a < 1.0f ? small : large);
+}
+
+// a * b + c with one rounding. Used only where a * b is exact, so the host's
+// separate multiply and add (the build turns contraction off) give the same value.
+NVFP4KV_HD float fma_exact_product(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+inline constexpr float kTwo23 = 8388608.0f;  // values in [2^23, 2^24) have unit spacing
+
+// The three rounded counts of |y| (y not NaN), each as the bits of 2^23 + n;
+// the code is the low 3 bits of their sum (the high bits hold 3 * 0x4B000000).
+struct E2M1Counts {
+  uint32_t n1, n2, n3;
+  NVFP4KV_HD uint32_t sum() const { return n1 + n2 + n3; }
+};
+
+NVFP4KV_HD E2M1Counts e2m1_counts(float y) {
+#if defined(__CUDA_ARCH__)
+  const float a = fabsf(y);  // an operand modifier, not an instruction
+#else
+  const float a = bits_float(float_bits(y) & 0x7FFFFFFFu);
+#endif
+  const float s1 = sat01(a * 0.5f);
+  const float s2 = sat01(fma_exact_product(a, 0.5f, -1.0f));
+  const float s3 = sat01(fma_exact_product(a, 0.5f, -2.0f));
+  return {float_bits(fma_exact_product(s1, 4.0f, kTwo23)), float_bits(fma_exact_product(s2, 2.0f, kTwo23)),
+          float_bits(s3 + kTwo23)};
+}
+
+// The value of a magnitude code given by its counts: n1 / 2 + n2 + 2 n3, exact.
+NVFP4KV_HD float e2m1_counts_value(const E2M1Counts& c) {
+  const float n1 = bits_float(c.n1) - kTwo23, n2 = bits_float(c.n2) - kTwo23, n3 = bits_float(c.n3) - kTwo23;
+  return fma_exact_product(n3, 2.0f, fma_exact_product(n1, 0.5f, n2));
+}
+
+// Precondition: y is not NaN (the block rule guarantees it, see quantize_with_scale).
+NVFP4KV_HD uint32_t e2m1_code_not_nan(float y) {
+  return ((float_bits(y) >> 28) & 8u) | (e2m1_counts(y).sum() & 7u);
 }
 
 NVFP4KV_HD uint32_t e2m1_code(float x) {
@@ -119,24 +163,43 @@ inline constexpr float kMinGlobalScale = 7.8886090522101181e-31f;  // 2^-100
 inline constexpr float kMaxGlobalScale = 1.2676506002282294e30f;   // 2^100
 NVFP4KV_HD bool global_scale_usable(float s) { return s >= kMinGlobalScale && s <= kMaxGlobalScale; }
 
+// The two steps of a block rule that depend only on the block's amax, shared by
+// the reference and the kernels' fast path.
+// The E4M3 scale code for amax (finite, >= 0): divisor 6 for the standard rule,
+// 4 for 4over6's alternative.
+NVFP4KV_HD uint8_t block_scale_code(float amax, float global_scale, float divisor) {
+  const float target = amax * (1.0f / global_scale);
+  return e4m3_encode(target / divisor);
+}
+
+// The multiplier that takes an input element to E2M1 units: 1 / (scale * global
+// scale), or 0 for a zero scale (then every element encodes as a signed zero).
+NVFP4KV_HD float block_inverse_scale(uint8_t scale, float global_scale) {
+  const float block_scale = e4m3_decode(scale) * global_scale;
+  return (scale == 0) ? 0.0f : 1.0f / block_scale;
+}
+
 namespace detail {
 
 // Quantize with one candidate scale code; returns the squared reconstruction
 // error summed in element order (the order is part of the contract: 4over6's
-// choice must be the same on every device).
+// choice must be the same on every device). The error of an element does not
+// depend on its sign, so it is computed on magnitudes.
 NVFP4KV_HD float quantize_with_scale(const float* x, uint8_t scale, float global_scale,
                                      uint8_t* packed) {
   const float scale_f = e4m3_decode(scale);
-  const float block_scale = scale_f * global_scale;
-  const float inv = (scale == 0) ? 0.0f : 1.0f / block_scale;
+  const float inv = block_inverse_scale(scale, global_scale);
   float err = 0.0f;
   for (int i = 0; i < kBlockSize; i += 2) {
     // x is finite and inv finite (usable global scales keep 1 / block_scale below 2^110),
     // so x * inv is never NaN.
-    const uint32_t lo = e2m1_code_not_nan(x[i] * inv), hi = e2m1_code_not_nan(x[i + 1] * inv);
+    const float y0 = x[i] * inv, y1 = x[i + 1] * inv;
+    const E2M1Counts c0 = e2m1_counts(y0), c1 = e2m1_counts(y1);
+    const uint32_t lo = ((float_bits(y0) >> 28) & 8u) | (c0.sum() & 7u);
+    const uint32_t hi = ((float_bits(y1) >> 28) & 8u) | (c1.sum() & 7u);
     packed[i / 2] = uint8_t(lo | (hi << 4));
-    const float d0 = (e2m1_decode(uint8_t(lo)) * scale_f) * global_scale - x[i];
-    const float d1 = (e2m1_decode(uint8_t(hi)) * scale_f) * global_scale - x[i + 1];
+    const float d0 = (e2m1_counts_value(c0) * scale_f) * global_scale - bits_float(float_bits(x[i]) & 0x7FFFFFFFu);
+    const float d1 = (e2m1_counts_value(c1) * scale_f) * global_scale - bits_float(float_bits(x[i + 1]) & 0x7FFFFFFFu);
     err = err + d0 * d0;
     err = err + d1 * d1;
   }
@@ -169,14 +232,13 @@ NVFP4KV_HD QuantizedBlock quantize_block(const float* in, float global_scale, Sc
     }
   }
   const float amax = bits_float(amax_bits);
-  const float target = amax * (1.0f / global_scale);
   QuantizedBlock q{};
   q.non_finite = non_finite;
-  q.scale = e4m3_encode(target / 6.0f);
+  q.scale = block_scale_code(amax, global_scale, 6.0f);
   const float err6 = detail::quantize_with_scale(x, q.scale, global_scale, q.packed);
   if (rule == ScaleRule::kFourOverSix) {
     QuantizedBlock alt{};
-    alt.scale = e4m3_encode(target / 4.0f);
+    alt.scale = block_scale_code(amax, global_scale, 4.0f);
     const float err4 = detail::quantize_with_scale(x, alt.scale, global_scale, alt.packed);
     if (err4 < err6) {
       alt.non_finite = non_finite;
