@@ -95,10 +95,36 @@ NVFP4KV_HD uint32_t packed_amax(const uint32_t (&w)[8]) {
   return lo > hi ? lo : hi;
 }
 
+// Blackwell (sm_100a, sm_120a and their families) converts two floats to E2M1
+// in one instruction; Hopper has no such conversion and uses e2m1_counts.
+// The instruction's semantics (rounding, signed zeros, saturation, nibble order:
+// its first source goes to the high nibble) are the CUDA toolkit's definition,
+// which tests/cpu/test_toolkit_fp4.cpp checks equal to ours.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && __CUDA_ARCH__ >= 1000 && \
+    __CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000 && __CUDA_ARCH_FAMILY_SPECIFIC__ < 1300
+#define NVFP4KV_NATIVE_E2M1 1
+#else
+#define NVFP4KV_NATIVE_E2M1 0
+#endif
+
 // Elements 8k .. 8k + 7 (the words w[4k .. 4k + 3]) as one word of 8 nibbles,
 // element 2i in the low nibble of byte i.
 template <ElementType kType>
 NVFP4KV_HD uint32_t encode_eight(const uint32_t* w, float inv) {
+#if NVFP4KV_NATIVE_E2M1
+  float y[8];
+  for (int k = 0; k < 4; ++k) y[2 * k] = low_element<kType>(w[k]) * inv, y[2 * k + 1] = high_element<kType>(w[k]) * inv;
+  uint32_t r;
+  asm("{\n .reg .b8 b0, b1, b2, b3;\n"
+      " cvt.rn.satfinite.e2m1x2.f32 b0, %2, %1;\n"
+      " cvt.rn.satfinite.e2m1x2.f32 b1, %4, %3;\n"
+      " cvt.rn.satfinite.e2m1x2.f32 b2, %6, %5;\n"
+      " cvt.rn.satfinite.e2m1x2.f32 b3, %8, %7;\n"
+      " mov.b32 %0, {b0, b1, b2, b3};\n}"
+      : "=r"(r)
+      : "f"(y[0]), "f"(y[1]), "f"(y[2]), "f"(y[3]), "f"(y[4]), "f"(y[5]), "f"(y[6]), "f"(y[7]));
+  return r;
+#else
   uint32_t pair[4];
   for (int k = 0; k < 4; ++k) {
     // Each sum holds its magnitude code in bits 0-2 and zeros in bits 3-23, so
@@ -114,6 +140,7 @@ NVFP4KV_HD uint32_t encode_eight(const uint32_t* w, float inv) {
   const uint32_t s01 = byte_perm(w[0], w[1], 0x5173u), s23 = byte_perm(w[2], w[3], 0x5173u);
   const uint32_t odd = byte_perm(s01, s23, 0x5410u), even = byte_perm(s01, s23, 0x7632u);
   return magnitudes | (odd & 0x80808080u) | ((even >> 4) & 0x08080808u);
+#endif
 }
 
 struct PackedBlock {
