@@ -6,7 +6,12 @@
 # nlohmann headers travel in .carry/ (see bench/README.md).
 set -uo pipefail
 OUT=${OUT:-/tmp/nvfp4kv-out}
+# Logs go to $OUT/logs and leave as one archive (the device tool returns few files);
+# the benchmark tables stay beside it.
+TABLES=$OUT
+OUT=$OUT/logs
 mkdir -p "$OUT"
+trap 'tar czf "$TABLES/logs.tgz" -C "$TABLES" logs && rm -rf "$TABLES/logs"' EXIT
 cd "$(dirname "$0")/.."
 step() { echo; echo "=== $* ($(date +%T))"; }
 status=()
@@ -45,7 +50,7 @@ build/gpu/tests/nvfp4kv_gpu_tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[
 grep -q "^\[  PASSED  \]" "$OUT/gpu_tests.log" && ! grep -q "FAILED" "$OUT/gpu_tests.log" && record "gpu tests" pass || record "gpu tests" FAIL
 step "compute-sanitizer memcheck"
 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
-  --gtest_filter='-Gpu.LargeRandom*' > "$OUT/memcheck.log" 2>&1; rc=$?
+  --gtest_filter='-Gpu.LargeRandom*:GpuCodecs.E4M3Encode*' > "$OUT/memcheck.log" 2>&1; rc=$?
 tail -4 "$OUT/memcheck.log"; record "memcheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
 step "compute-sanitizer racecheck"
 timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
@@ -56,9 +61,9 @@ build/gpu/nvfp4kv roundtrip --layout nvfp4kv-native --pages 512 --tokens 6000 | 
 build/gpu/nvfp4kv roundtrip --layout trtllm | tail -2
 build/gpu/nvfp4kv demo > "$OUT/demo.log" 2>&1; record "demo" "rc $?"
 step "benchmark"
-build/gpu/nvfp4kv_bench --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log" | grep -v "^|"
+build/gpu/nvfp4kv_bench --markdown "$TABLES/bench.md" 2>&1 | tee "$OUT/bench.log" | grep -v "^|"
 echo "--- the same binary again (spread between runs)"
-build/gpu/nvfp4kv_bench --markdown "$OUT/bench2.md" 2>&1 | grep -E "store 65536 tok x 8 heads x D128, nvfp4kv|gather 65536 tok x 8 heads x D128 -> bf16, nvfp4kv|copy" | grep -v "^|"
+build/gpu/nvfp4kv_bench --markdown "$TABLES/bench2.md" 2>&1 | grep -E "store 65536 tok x 8 heads x D128, nvfp4kv|gather 65536 tok x 8 heads x D128 -> bf16, nvfp4kv|copy" | grep -v "^|"
 if [ "${NVFP4KV_NCU:-0}" = 1 ]; then
   for k in store_kernel gather_kernel; do
     step "ncu: $k (one launch of the 65536-token case)"
@@ -70,4 +75,4 @@ if [ "${NVFP4KV_NCU:-0}" = 1 ]; then
 fi
 step "summary"
 printf '%s\n' "${status[@]}"
-cat "$OUT/bench.md"
+cat "$TABLES/bench.md"

@@ -1,7 +1,8 @@
-// Gather/dequant. One CTA per (page of a sequence, sequence); threads are
-// (group, head, side) of a token row and walk the page's tokens four at a time,
-// issuing the four tokens' cache loads before decoding any of them (one
-// dependent load chain per thread left the first version latency-bound).
+// Gather/dequant. One CTA per (page of a sequence, sequence); a thread owns one
+// 16-element group of one side of one token of the page and walks the token's
+// heads, issuing several heads' cache loads before decoding any of them. The
+// per-token work (coordinates, layout offsets) is done once per thread; the
+// next head's addresses are the layout's head strides added on.
 // Every address comes from the validated LayoutView.
 // Decoding is core's table decode (packed_block.hpp): per block, the outputs of
 // the 8 magnitudes, computed as the reference computes an element; per element,
@@ -15,67 +16,78 @@
 namespace nvfp4kv::kernels {
 namespace {
 
-constexpr int kTokensInFlight = 4;
+constexpr int kHeadsInFlight = 8;
 
-// The 8 data bytes of one block: one 8-byte load where the layout's rows allow it.
-__device__ __forceinline__ uint2 load_block_bytes(const GatherParams& p, Region data, Coord c) {
-  const uint8_t* src = p.buffers.ptr[p.layout.region(data).buffer];
-  if (p.layout.vector_bytes(data) >= 8) return __ldg(reinterpret_cast<const uint2*>(src + p.layout.offset(data, c)));
-  uint32_t w[2] = {0, 0};
-  for (int k = 0; k < 8; ++k, ++c.column) w[k / 4] |= uint32_t(__ldg(src + p.layout.offset(data, c))) << (8 * (k % 4));
-  return make_uint2(w[0], w[1]);
-}
-
+// threadIdx = (group, side, token of the page, strided by blockDim.z).
 template <ElementType kOut>
-__device__ void gather_rows(const GatherParams& p, int64_t seq, int64_t page_index, int64_t g, int64_t h, int side) {
+__global__ void gather_kernel(const __grid_constant__ GatherParams p) {
   const CacheDims& d = p.layout.dims();
+  const int64_t seq = blockIdx.y, page_index = blockIdx.x;
+  const int g = int(threadIdx.x), side = int(threadIdx.y);
   const int64_t begin = p.cu_seqlens[seq], len = p.cu_seqlens[seq + 1] - begin;
   const int64_t first = page_index * d.tokens_per_page;
   if (first >= len) return;
   const int64_t count = min(d.tokens_per_page, len - first);
   const int64_t page = p.block_table[seq * p.block_table_stride + page_index];
-  uint16_t* out_base = static_cast<uint16_t*>(side == 0 ? p.k_out : p.v_out);
-  const auto out_row = [&](int64_t t) {
-    return reinterpret_cast<uint4*>(out_base + ((begin + first + t) * d.heads + h) * d.head_dim + g * kBlockSize);
-  };
+  // Token t's group g of head h starts at out_base + (t * heads + h) * D + 16 g.
+  uint16_t* const out_base = static_cast<uint16_t*>(side == 0 ? p.k_out : p.v_out) + g * kBlockSize;
+  const int64_t head_step = d.head_dim / 8;  // in uint4
   if (page < 0 || page >= d.pages) {  // never read outside the cache; make the rows loudly wrong
     const uint32_t nan2 = kOut == ElementType::kBFloat16 ? 0x7FC07FC0u : 0x7E007E00u;
-    for (int64_t t = 0; t < count; ++t) out_row(t)[0] = out_row(t)[1] = make_uint4(nan2, nan2, nan2, nan2);
-    if (g == 0 && h == 0 && side == 0 && p.status) atomicAdd(&p.status->bad_pages, (unsigned long long)count);
+    const uint4 nan8 = make_uint4(nan2, nan2, nan2, nan2);
+    for (int64_t t = threadIdx.z; t < count; t += blockDim.z) {
+      uint4* out = reinterpret_cast<uint4*>(out_base + (begin + first + t) * d.heads * d.head_dim);
+      for (int64_t h = 0; h < d.heads; ++h) out[h * head_step] = out[h * head_step + 1] = nan8;
+    }
+    if (g == 0 && side == 0 && threadIdx.z == 0 && p.status)
+      atomicAdd(&p.status->bad_pages, (unsigned long long)count);
     return;
   }
   const Region data = side == 0 ? Region::kKData : Region::kVData;
   const Region scale = side == 0 ? Region::kKScale : Region::kVScale;
-  const uint8_t* scales = p.buffers.ptr[p.layout.region(scale).buffer];
   const float gs = side == 0 ? *p.k_global_scale : *p.v_global_scale;
-  for (int64_t t0 = 0; t0 < count; t0 += kTokensInFlight) {
-    uint2 bytes[kTokensInFlight];
-    uint8_t sf[kTokensInFlight];
+  const int64_t scale_head = p.layout.region(scale).head, data_head = p.layout.region(data).head;
+  const bool vector_data = p.layout.vector_bytes(data) >= 8;
+  for (int64_t t = threadIdx.z; t < count; t += blockDim.z) {
+    // Head 0's addresses; head h adds h times the region's head stride (the head
+    // term of region_offset is linear for every permutation).
+    Coord c{p.layer, page, t, 0, g};
+    const uint8_t* const scale_base = p.buffers.ptr[p.layout.region(scale).buffer] + p.layout.offset(scale, c);
+    c.column = g * (kBlockSize / 2);
+    const uint8_t* const data_base = p.buffers.ptr[p.layout.region(data).buffer] + p.layout.offset(data, c);
+    uint4* const out = reinterpret_cast<uint4*>(out_base + (begin + first + t) * d.heads * d.head_dim);
+    for (int64_t h0 = 0; h0 < d.heads; h0 += kHeadsInFlight) {
+      uint2 bytes[kHeadsInFlight];
+      uint8_t sf[kHeadsInFlight];
 #pragma unroll
-    for (int k = 0; k < kTokensInFlight; ++k) {
-      if (t0 + k >= count) break;
-      const Coord c{p.layer, page, t0 + k, h, g};
-      sf[k] = __ldg(scales + p.layout.offset(scale, c));
-      bytes[k] = load_block_bytes(p, data, {p.layer, page, t0 + k, h, g * (kBlockSize / 2)});
-    }
+      for (int k = 0; k < kHeadsInFlight; ++k) {
+        const int64_t h = h0 + k;
+        if (h >= d.heads) break;
+        sf[k] = __ldg(scale_base + h * scale_head);
+        if (vector_data) {
+          bytes[k] = __ldg(reinterpret_cast<const uint2*>(data_base + h * data_head));
+        } else {  // rows not 8-byte aligned: byte by byte, each through the layout
+          const uint8_t* const src = p.buffers.ptr[p.layout.region(data).buffer];
+          Coord cb = c;
+          cb.head = h;
+          uint32_t w[2] = {0, 0};
+          for (int j = 0; j < 8; ++j, ++cb.column) w[j / 4] |= uint32_t(__ldg(src + p.layout.offset(data, cb))) << (8 * (j % 4));
+          bytes[k] = make_uint2(w[0], w[1]);
+        }
+      }
 #pragma unroll
-    for (int k = 0; k < kTokensInFlight; ++k) {
-      if (t0 + k >= count) break;
-      const DecodeTable table = decode_table<kOut>(sf[k], gs);
-      uint32_t packed[8];
-      decode_eight(table, bytes[k].x, *reinterpret_cast<uint32_t(*)[4]>(packed));
-      decode_eight(table, bytes[k].y, *reinterpret_cast<uint32_t(*)[4]>(packed + 4));
-      uint4* out = out_row(t0 + k);
-      out[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-      out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+      for (int k = 0; k < kHeadsInFlight; ++k) {
+        const int64_t h = h0 + k;
+        if (h >= d.heads) break;
+        const DecodeTable table = decode_table<kOut>(sf[k], gs);
+        uint32_t lo[4], hi[4];
+        decode_eight(table, bytes[k].x, lo);
+        decode_eight(table, bytes[k].y, hi);
+        out[h * head_step] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        out[h * head_step + 1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      }
     }
   }
-}
-
-template <ElementType kOut>
-__global__ void gather_kernel(const __grid_constant__ GatherParams p) {
-  for (int64_t h = threadIdx.y; h < p.layout.dims().heads; h += blockDim.y)
-    gather_rows<kOut>(p, blockIdx.y, blockIdx.x, threadIdx.x, h, int(threadIdx.z));
 }
 
 }  // namespace
@@ -83,10 +95,11 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams p) {
 cudaError_t launch_gather(const GatherParams& p, ElementType out_type, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
   const dim3 grid(unsigned(p.block_table_stride), unsigned(p.batch));
+  const dim3 block = token_block(p.layout.dims(), 256, p.layout.dims().tokens_per_page);
   if (out_type == ElementType::kBFloat16)
-    gather_kernel<ElementType::kBFloat16><<<grid, row_block(p.layout.dims()), 0, stream>>>(p);
+    gather_kernel<ElementType::kBFloat16><<<grid, block, 0, stream>>>(p);
   else
-    gather_kernel<ElementType::kFloat16><<<grid, row_block(p.layout.dims()), 0, stream>>>(p);
+    gather_kernel<ElementType::kFloat16><<<grid, block, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -41,12 +41,13 @@ struct GatherParams {
   DeviceStatus* status;
 };
 
-// Thread block for kernels that give one CTA to one token row: x = group,
-// y = head (looping when the row has more blocks than a CTA holds), z = side.
-inline dim3 row_block(const CacheDims& d) {
-  const unsigned groups = unsigned(d.scale_bytes());
-  const unsigned heads = unsigned(std::min<int64_t>(d.heads, std::max<int64_t>(1, 512 / (2 * groups))));
-  return dim3(groups, heads, 2);
+// Thread block of the store and gather: x = group (D / 16), y = side (K, V),
+// z = tokens, as many as fit in about `threads` threads (at least one; at most
+// `max_tokens`). Each thread walks the heads of its token.
+inline dim3 token_block(const CacheDims& d, int64_t threads, int64_t max_tokens = 1 << 30) {
+  const int64_t groups = d.scale_bytes();
+  const int64_t tokens = std::min<int64_t>(max_tokens, std::max<int64_t>(1, threads / (2 * groups)));
+  return dim3(unsigned(groups), 2u, unsigned(tokens));
 }
 
 // One place maps runtime types and rules to template instances.

@@ -109,7 +109,11 @@ NVFP4KV_HD uint8_t e2m1_encode(float x) { return uint8_t(e2m1_code(x)); }
 
 // ---- E4M3 (fn) -----------------------------------------------------------
 // Bias 7, max 448, subnormals m * 2^-9, NaN = 0x7F / 0xFF, no Inf.
-NVFP4KV_HD float e4m3_decode(uint8_t code) {
+// The _bits functions are the definitions, run on the host; on sm_89 and newer
+// the device uses the conversion instructions (one each instead of ~15
+// operations with a branch), which tests/cpu/test_toolkit_fp4.cpp checks against
+// the toolkit's definition of those instructions and tests/gpu against these.
+NVFP4KV_HD float e4m3_decode_bits(uint8_t code) {
   const uint32_t e = (code >> 3) & 15u, m = code & 7u;
   float v;
   if (e == 15 && m == 7) {
@@ -124,7 +128,7 @@ NVFP4KV_HD float e4m3_decode(uint8_t code) {
 
 // Round to nearest even, saturating finite values and +-Inf to +-448 (PTX's
 // cvt.rn.satfinite); NaN stays NaN (0x7F).
-NVFP4KV_HD uint8_t e4m3_encode(float x) {
+NVFP4KV_HD uint8_t e4m3_encode_bits(float x) {
   const uint32_t u = float_bits(x);
   const uint8_t sign = uint8_t((u >> 24) & 0x80u);
   const uint32_t a = u & 0x7FFFFFFFu;
@@ -142,6 +146,37 @@ NVFP4KV_HD uint8_t e4m3_encode(float x) {
     if (code > kE4M3MaxCode) code = kE4M3MaxCode;
   }
   return uint8_t(sign | code);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define NVFP4KV_NATIVE_E4M3 1
+#else
+#define NVFP4KV_NATIVE_E4M3 0
+#endif
+
+NVFP4KV_HD float e4m3_decode(uint8_t code) {
+#if NVFP4KV_NATIVE_E4M3
+  // E4M3 -> f16 is exact (f16 holds every E4M3 value), then f16 -> f32 is exact.
+  uint32_t pair;
+  float f;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(pair) : "h"(uint16_t(code)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(uint16_t(pair)));
+  return f;
+#else
+  return e4m3_decode_bits(code);
+#endif
+}
+
+// Only finite or infinite x reach this in the block rule; a NaN gives a NaN code
+// on both paths (0x7F here, the instruction's canonical NaN there).
+NVFP4KV_HD uint8_t e4m3_encode(float x) {
+#if NVFP4KV_NATIVE_E4M3
+  uint16_t pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));  // x -> low byte
+  return uint8_t(pair);
+#else
+  return e4m3_encode_bits(x);
+#endif
 }
 
 // ---- Block quantization --------------------------------------------------

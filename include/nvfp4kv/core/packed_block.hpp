@@ -108,7 +108,27 @@ NVFP4KV_HD uint32_t packed_amax(const uint32_t (&w)[8]) {
 #endif
 
 // Elements 8k .. 8k + 7 (the words w[4k .. 4k + 3]) as one word of 8 nibbles,
-// element 2i in the low nibble of byte i.
+// element 2i in the low nibble of byte i; any architecture.
+template <ElementType kType>
+NVFP4KV_HD uint32_t encode_eight_portable(const uint32_t* w, float inv) {
+  uint32_t pair[4];
+  for (int k = 0; k < 4; ++k) {
+    // Each sum holds its magnitude code in bits 0-2 and zeros in bits 3-23, so
+    // hi * 16 + lo has both codes in byte 0 with the sign positions clear.
+    const uint32_t lo = e2m1_counts(low_element<kType>(w[k]) * inv).sum();
+    const uint32_t hi = e2m1_counts(high_element<kType>(w[k]) * inv).sum();
+    pair[k] = hi * 16u + lo;
+  }
+  const uint32_t magnitudes = byte_perm(byte_perm(pair[0], pair[1], 0x0040u), byte_perm(pair[2], pair[3], 0x0040u), 0x5410u);
+  // Sign of element 2k + 1 is bit 7 of byte 3 of w[k], of element 2k bit 7 of
+  // byte 1. x * inv keeps x's sign (inv >= 0; a zero inv gives a signed zero), so
+  // these are the signs of the codes.
+  const uint32_t s01 = byte_perm(w[0], w[1], 0x5173u), s23 = byte_perm(w[2], w[3], 0x5173u);
+  const uint32_t odd = byte_perm(s01, s23, 0x5410u), even = byte_perm(s01, s23, 0x7632u);
+  return magnitudes | (odd & 0x80808080u) | ((even >> 4) & 0x08080808u);
+}
+
+// The same with Blackwell's conversion instruction where it exists.
 template <ElementType kType>
 NVFP4KV_HD uint32_t encode_eight(const uint32_t* w, float inv) {
 #if NVFP4KV_NATIVE_E2M1
@@ -125,21 +145,7 @@ NVFP4KV_HD uint32_t encode_eight(const uint32_t* w, float inv) {
       : "f"(y[0]), "f"(y[1]), "f"(y[2]), "f"(y[3]), "f"(y[4]), "f"(y[5]), "f"(y[6]), "f"(y[7]));
   return r;
 #else
-  uint32_t pair[4];
-  for (int k = 0; k < 4; ++k) {
-    // Each sum holds its magnitude code in bits 0-2 and zeros in bits 3-23, so
-    // hi * 16 + lo has both codes in byte 0 with the sign positions clear.
-    const uint32_t lo = e2m1_counts(low_element<kType>(w[k]) * inv).sum();
-    const uint32_t hi = e2m1_counts(high_element<kType>(w[k]) * inv).sum();
-    pair[k] = hi * 16u + lo;
-  }
-  const uint32_t magnitudes = byte_perm(byte_perm(pair[0], pair[1], 0x0040u), byte_perm(pair[2], pair[3], 0x0040u), 0x5410u);
-  // Sign of element 2k + 1 is bit 7 of byte 3 of w[k], of element 2k bit 7 of
-  // byte 1. x * inv keeps x's sign (inv >= 0; a zero inv gives a signed zero), so
-  // these are the signs of the codes.
-  const uint32_t s01 = byte_perm(w[0], w[1], 0x5173u), s23 = byte_perm(w[2], w[3], 0x5173u);
-  const uint32_t odd = byte_perm(s01, s23, 0x5410u), even = byte_perm(s01, s23, 0x7632u);
-  return magnitudes | (odd & 0x80808080u) | ((even >> 4) & 0x08080808u);
+  return encode_eight_portable<kType>(w, inv);
 #endif
 }
 
