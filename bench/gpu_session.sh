@@ -73,6 +73,10 @@ if [ "${NVFP4KV_NCU:-0}" = 1 ]; then
     grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Executed Ipc A|Stall|Mem Busy|Max Bandwidth" "$OUT/ncu_$k.log" | head -24
   done
 fi
+if [ -n "${NVFP4KV_VARIANTS:-}" ]; then
+  step "variants (cumulative patches): $NVFP4KV_VARIANTS"
+  bench/variants.sh $NVFP4KV_VARIANTS 2>&1 | tee "$OUT/variants.log"
+fi
 step "summary"
 printf '%s\n' "${status[@]}"
 cat "$TABLES/bench.md"

@@ -249,6 +249,26 @@ TEST_F(Gpu, StoreAndGatherMatchTheReferenceForEverySoundPreset) {
   EXPECT_GE(ran, (11 * 3 * 2 + 9 * 3) * 4);
 }
 
+// Shapes beyond the preset sweep: odd group counts (D 48, 80: the gather's
+// paired stores do not apply), a large head dim, and head counts that are not a
+// multiple of the kernels' heads in flight (4 in the store, 8 in the gather).
+TEST_F(Gpu, OddShapesMatchTheReference) {
+  int ran = 0;
+  for (int64_t dim : {48, 80, 512})
+    for (int64_t heads : {3, 9})
+      for (int64_t n : {7, 16}) {
+        const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 12, n, heads, dim}));
+        SCOPED_TRACE("D" + std::to_string(dim) + " H" + std::to_string(heads) + " N" + std::to_string(n));
+        std::mt19937_64 rng(uint64_t(ran) + 101);
+        store_and_gather(v, 0, paged_slots(v.layout().dims, n * 5 + 3, rng), ElementType::kBFloat16,
+                         ran % 2 ? ScaleRule::kFourOverSix : ScaleRule::kStandard, ran % 3 == 0, ran % 2 == 0,
+                         uint64_t(ran) + 500);
+        if (HasFatalFailure()) return;
+        ++ran;
+      }
+  EXPECT_EQ(ran, 12);
+}
+
 TEST_F(Gpu, SlotEdgeCases) {
   const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 4, 16, 8, 128}));
   const int64_t cap = 4 * 16;
