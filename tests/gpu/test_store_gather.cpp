@@ -258,7 +258,7 @@ TEST_F(Gpu, OddShapesMatchTheReference) {
     for (int64_t heads : {3, 9})
       for (int64_t n : {7, 16}) {
         const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 12, n, heads, dim}));
-        SCOPED_TRACE("D" + std::to_string(dim) + " H" + std::to_string(heads) + " N" + std::to_string(n));
+        SCOPED_TRACE(testing::Message() << "D" << dim << " H" << heads << " N" << n);
         std::mt19937_64 rng(uint64_t(ran) + 101);
         store_and_gather(v, 0, paged_slots(v.layout().dims, n * 5 + 3, rng), ElementType::kBFloat16,
                          ran % 2 ? ScaleRule::kFourOverSix : ScaleRule::kStandard, ran % 3 == 0, ran % 2 == 0,
