@@ -52,9 +52,9 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams p) {
     // Head 0's addresses; head h adds h times the region's head stride (the head
     // term of region_offset is linear for every permutation).
     Coord c{p.layer, page, t, 0, g};
-    const uint8_t* const scale_base = p.buffers.ptr[p.layout.region(scale).buffer] + p.layout.offset(scale, c);
+    const uint8_t* const scale_base = element_address(p.layout, p.buffers, scale, c);
     c.column = g * (kBlockSize / 2);
-    const uint8_t* const data_base = p.buffers.ptr[p.layout.region(data).buffer] + p.layout.offset(data, c);
+    const uint8_t* const data_base = element_address(p.layout, p.buffers, data, c);
     uint4* const out = reinterpret_cast<uint4*>(out_base + (begin + first + t) * d.heads * d.head_dim);
     for (int64_t h0 = 0; h0 < d.heads; h0 += kHeadsInFlight) {
       uint2 bytes[kHeadsInFlight];
@@ -67,11 +67,10 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams p) {
         if (vector_data) {
           bytes[k] = __ldg(reinterpret_cast<const uint2*>(data_base + h * data_head));
         } else {  // rows not 8-byte aligned: byte by byte, each through the layout
-          const uint8_t* const src = p.buffers.ptr[p.layout.region(data).buffer];
           Coord cb = c;
           cb.head = h;
           uint32_t w[2] = {0, 0};
-          for (int j = 0; j < 8; ++j, ++cb.column) w[j / 4] |= uint32_t(__ldg(src + p.layout.offset(data, cb))) << (8 * (j % 4));
+          for (int j = 0; j < 8; ++j, ++cb.column) w[j / 4] |= uint32_t(__ldg(element_address(p.layout, p.buffers, data, cb))) << (8 * (j % 4));
           bytes[k] = make_uint2(w[0], w[1]);
         }
       }

@@ -75,9 +75,9 @@ __global__ void store_kernel(const __grid_constant__ StoreParams p) {
   Coord c{p.layer, int64_t(s32 / n), int64_t(s32 % n), 0, g};
   // Head 0's addresses; head h adds h times the region's head stride (the head
   // term of region_offset is linear for every permutation).
-  uint8_t* const scale_base = p.buffers.ptr[p.layout.region(scale).buffer] + p.layout.offset(scale, c);
+  uint8_t* const scale_base = element_address(p.layout, p.buffers, scale, c);
   c.column = g * (kBlockSize / 2);
-  uint8_t* const data_base = p.buffers.ptr[p.layout.region(data).buffer] + p.layout.offset(data, c);
+  uint8_t* const data_base = element_address(p.layout, p.buffers, data, c);
   const int64_t scale_head = p.layout.region(scale).head, data_head = p.layout.region(data).head;
   const bool vector_data = p.layout.vector_bytes(data) >= 8;
   // 16-byte aligned rows (checked on the host); head h's group starts h * D elements further.
@@ -102,10 +102,10 @@ __global__ void store_kernel(const __grid_constant__ StoreParams p) {
       if (vector_data) {
         *reinterpret_cast<uint2*>(data_base + h * data_head) = make_uint2(q.data[0], q.data[1]);
       } else {  // rows not 8-byte aligned: byte by byte, each through the layout
-        uint8_t* const dst = p.buffers.ptr[p.layout.region(data).buffer];
         Coord cb = c;
         cb.head = h;
-        for (int j = 0; j < kBlockSize / 2; ++j, ++cb.column) dst[p.layout.offset(data, cb)] = uint8_t(q.data[j / 4] >> (8 * (j % 4)));
+        for (int j = 0; j < kBlockSize / 2; ++j, ++cb.column)
+          *element_address(p.layout, p.buffers, data, cb) = uint8_t(q.data[j / 4] >> (8 * (j % 4)));
       }
     }
   }

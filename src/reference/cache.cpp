@@ -61,10 +61,10 @@ StoreCounts store(const ValidLayout& valid, const CacheBuffers& buffers, const S
           const QuantizedBlock q = quantize_block(x, gs, p.rule);
           counts.non_finite += q.non_finite;
           Coord c{p.layer, slot / d.tokens_per_page, slot % d.tokens_per_page, h, g};
-          buffers.ptr[l.region(scale).buffer][l.offset(scale, c)] = q.scale;
+          *element_address(l, buffers, scale, c) = q.scale;
           for (int j = 0; j < kBlockSize / 2; ++j) {
             c.column = g * (kBlockSize / 2) + j;
-            buffers.ptr[l.region(data).buffer][l.offset(data, c)] = q.packed[j];
+            *element_address(l, buffers, data, c) = q.packed[j];
           }
         }
     }
@@ -93,8 +93,8 @@ GatheredKv gather(const ValidLayout& valid, const CacheBuffers& buffers, const G
         for (int64_t e = 0; e < d.head_dim; ++e) {
           const Coord cd{p.layer, page, i % d.tokens_per_page, h, e / 2};
           const Coord cs{p.layer, page, i % d.tokens_per_page, h, e / kBlockSize};
-          const uint8_t byte = buffers.ptr[l.region(data).buffer][l.offset(data, cd)];
-          const uint8_t sf = buffers.ptr[l.region(scale).buffer][l.offset(scale, cs)];
+          const uint8_t byte = *element_address(l, buffers, data, cd);
+          const uint8_t sf = *element_address(l, buffers, scale, cs);
           dst[size_t((i * d.heads + h) * d.head_dim + e)] = dequantize_element(byte, int(e % 2), sf, gs);
         }
     }

@@ -2,7 +2,7 @@
 // Base pointers of a cache's buffers for one layer, indexed like Layout::buffers.
 // For a per-layer buffer pass that layer's allocation; for a buffer that holds
 // all layers pass the allocation itself (the layer stride does the rest).
-#include "nvfp4kv/core/config.hpp"
+#include "nvfp4kv/core/layout_view.hpp"
 
 namespace nvfp4kv {
 
@@ -12,6 +12,13 @@ struct CacheBuffers {
   uint8_t* ptr[kMaxBuffers] = {};
   int count = 0;
 };
+
+// The byte of region r at coordinate c: the one place that pairs a region's
+// buffer with its offset. L is a Layout (host) or a LayoutView (device).
+template <class L>
+NVFP4KV_HD uint8_t* element_address(const L& layout, const CacheBuffers& buffers, Region r, const Coord& c) {
+  return buffers.ptr[layout.region(r).buffer] + layout.offset(r, c);
+}
 
 // K and V rows to store: (tokens, heads, D) elements with a free token stride.
 struct KvRows {
