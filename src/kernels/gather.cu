@@ -48,14 +48,28 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams p) {
   const float gs = side == 0 ? *p.k_global_scale : *p.v_global_scale;
   const int64_t scale_head = p.layout.region(scale).head, data_head = p.layout.region(data).head;
   const bool vector_data = p.layout.vector_bytes(data) >= 8;
-  for (int64_t t = threadIdx.z; t < count; t += blockDim.z) {
+  // Output stores: a thread's block is two 16-byte chunks of one 32-byte sector,
+  // and two store instructions would each write half of every sector. Where the
+  // groups pair up, neighbours g and g ^ 1 swap halves first, so each store
+  // instruction writes whole sectors: the even lane the first halves of both
+  // blocks, the odd lane the second halves.
+  const bool pair_up = (blockDim.x % 2) == 0;
+  const bool odd = (g & 1) != 0;
+  const unsigned linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const unsigned in_warp = min(32u, blockDim.x * blockDim.y * blockDim.z - (linear & ~31u));
+  const unsigned warp_mask = in_warp == 32 ? 0xFFFFFFFFu : (1u << in_warp) - 1u;
+  // Every thread of a warp runs the same iterations (shuffles need the partner);
+  // threads past the page's last token load and store nothing.
+  for (int64_t t0 = 0; t0 < count; t0 += blockDim.z) {
+    const int64_t t = t0 + threadIdx.z;
+    const bool active = t < count;
     // Head 0's addresses; head h adds h times the region's head stride (the head
     // term of region_offset is linear for every permutation).
-    Coord c{p.layer, page, t, 0, g};
+    Coord c{p.layer, page, active ? t : 0, 0, g};
     const uint8_t* const scale_base = element_address(p.layout, p.buffers, scale, c);
     c.column = g * (kBlockSize / 2);
     const uint8_t* const data_base = element_address(p.layout, p.buffers, data, c);
-    uint4* const out = reinterpret_cast<uint4*>(out_base + (begin + first + t) * d.heads * d.head_dim);
+    uint4* const out = reinterpret_cast<uint4*>(out_base + (begin + first + c.token) * d.heads * d.head_dim);
     for (int64_t h0 = 0; h0 < d.heads; h0 += kHeadsInFlight) {
       uint2 bytes[kHeadsInFlight];
       uint8_t sf[kHeadsInFlight];
@@ -63,6 +77,9 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams p) {
       for (int k = 0; k < kHeadsInFlight; ++k) {
         const int64_t h = h0 + k;
         if (h >= d.heads) break;
+        sf[k] = 0;
+        bytes[k] = make_uint2(0, 0);
+        if (!active) continue;
         sf[k] = __ldg(scale_base + h * scale_head);
         if (vector_data) {
           bytes[k] = __ldg(reinterpret_cast<const uint2*>(data_base + h * data_head));
@@ -82,8 +99,24 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams p) {
         uint32_t lo[4], hi[4];
         decode_eight(table, bytes[k].x, lo);
         decode_eight(table, bytes[k].y, hi);
-        out[h * head_step] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-        out[h * head_step + 1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        uint4* const row = out + h * head_step;
+        if (pair_up) {
+          uint32_t got[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) got[i] = __shfl_xor_sync(warp_mask, odd ? lo[i] : hi[i], 1);
+          // even g: chunk 2g (own first half), then 2g + 2 (the partner's first half);
+          // odd g: chunk 2g - 1 (the partner's second half), then 2g + 1 (own second half).
+          uint32_t a[4], b[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[i] = odd ? got[i] : lo[i], b[i] = odd ? hi[i] : got[i];
+          if (active) {
+            row[odd ? -1 : 0] = make_uint4(a[0], a[1], a[2], a[3]);
+            row[odd ? 1 : 2] = make_uint4(b[0], b[1], b[2], b[3]);
+          }
+        } else if (active) {
+          row[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+          row[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        }
       }
     }
   }

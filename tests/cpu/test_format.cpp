@@ -282,3 +282,29 @@ TEST(GlobalScale, ConventionsConvertToTheDequantMultiplier) {
 
 }  // namespace
 }  // namespace nvfp4kv
+
+namespace nvfp4kv {
+namespace {
+
+// The GPU's division by 6 in block_scale_code (one multiply and one fused
+// correction after clamping to 4096, see scale_quotient) gives the same E4M3 scale code as the
+// definition's IEEE division for every non-negative float, infinity included.
+TEST(E4M3, FastDivisionBySixGivesTheSameScaleCodeForEveryFloat) {
+  uint64_t differing_quotients = 0;
+  for (uint64_t u = 0; u <= 0x7F800000u; ++u) {
+    const float t = bits_float(uint32_t(u)), clamped = std::fmin(t, 4096.0f);
+    const float q = clamped * (1.0f / 6.0f);
+    const float fast = std::fma(std::fma(-q, 6.0f, clamped), 1.0f / 6.0f, q);
+    const float exact = t / 6.0f;
+    if (float_bits(fast) != float_bits(exact)) {
+      ++differing_quotients;
+      ASSERT_TRUE(t < 0x1p-125f || t > 4096.0f) << "quotients differ at " << t;
+    }
+    ASSERT_EQ(e4m3_encode_bits(fast), e4m3_encode_bits(exact)) << t;
+  }
+  // The quotients do differ (below 2^-125): the two computations are not the same one.
+  EXPECT_GT(differing_quotients, 0u);
+}
+
+}  // namespace
+}  // namespace nvfp4kv

@@ -202,9 +202,30 @@ NVFP4KV_HD bool global_scale_usable(float s) { return s >= kMinGlobalScale && s 
 // the reference and the kernels' fast path.
 // The E4M3 scale code for amax (finite, >= 0): divisor 6 for the standard rule,
 // 4 for 4over6's alternative.
+// The definition divides by 6 (or 4). On the GPU an IEEE division is a
+// reciprocal, three fused multiply-adds and a slow-path check; the division by
+// 6 is instead one multiply and one correction step, which is the correctly
+// rounded quotient for every float except those below 2^-125, whose quotients
+// encode to E4M3 zero either way. Targets are first clamped to 4096 (any
+// quotient above 464 saturates to 448, and an infinite target would make the
+// correction NaN). tests/cpu/test_format.cpp checks the codes for every float.
+// Division by 4 is exact scaling.
+NVFP4KV_HD float scale_quotient(float target, float divisor) {
+#if defined(__CUDA_ARCH__)
+  if (divisor == 6.0f) {
+    const float t = fminf(target, 4096.0f);
+    const float q = t * (1.0f / 6.0f);
+    return __fmaf_rn(__fmaf_rn(-q, 6.0f, t), 1.0f / 6.0f, q);
+  }
+  return target * (1.0f / divisor);  // 4: a power of two
+#else
+  return target / divisor;
+#endif
+}
+
 NVFP4KV_HD uint8_t block_scale_code(float amax, float global_scale, float divisor) {
   const float target = amax * (1.0f / global_scale);
-  return e4m3_encode(target / divisor);
+  return e4m3_encode(scale_quotient(target, divisor));
 }
 
 // The multiplier that takes an input element to E2M1 units: 1 / (scale * global
