@@ -236,7 +236,7 @@ void bench_decode_store(int64_t tokens) {
 int main(int argc, char** argv) {
   const char* md = nullptr;
   bool profile_only = false;  // --profile: just the 65536-token store and gather, for ncu
-  bool quick = false;         // --quick: the copy ceiling, store and gather at 16384 and 65536 tokens
+  bool quick = false;         // --quick: ceilings, store and gather at 16384 and 65536 tokens, decode step
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--markdown") && i + 1 < argc) md = argv[++i];
     else if (!std::strcmp(argv[i], "--profile")) profile_only = true;
@@ -289,10 +289,8 @@ int main(int argc, char** argv) {
   }
   bench_gather("nvfp4kv-native", 16384, 6);
   bench_gather("nvfp4kv-native", 65536, 7);
-  if (!quick) {
-    bench_gather("vllm-legacy-hnd", 65536, 8);
-    bench_decode_store(64);
-  }
+  if (!quick) bench_gather("vllm-legacy-hnd", 65536, 8);
+  bench_decode_store(64);
   std::printf("\n| what | ms | MB moved | TB/s | of copy |\n|---|---:|---:|---:|---:|\n");
   for (const Row& r : rows)
     std::printf("| %s | %.4f | %.1f | %.2f | %.0f%% |\n", r.what.c_str(), r.ms, r.bytes / 1e6, r.tbs, 100 * r.vs_copy);

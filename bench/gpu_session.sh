@@ -75,7 +75,7 @@ if [ "${NVFP4KV_NCU:-0}" = 1 ]; then
 fi
 if [ -n "${NVFP4KV_VARIANTS:-}" ]; then
   step "variants (cumulative patches): $NVFP4KV_VARIANTS"
-  bench/variants.sh $NVFP4KV_VARIANTS 2>&1 | tee "$OUT/variants.log"
+  NVFP4KV_NCU=${NVFP4KV_VARIANT_NCU:-0} bench/variants.sh $NVFP4KV_VARIANTS 2>&1 | tee "$OUT/variants.log"
 fi
 step "summary"
 printf '%s\n' "${status[@]}"

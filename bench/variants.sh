@@ -25,6 +25,15 @@ for patch in "$@"; do
     cmake --build "$dir/build" -j 16 > "$dir/build.log" 2>&1 || { grep -E "error" -A3 "$dir/build.log" | head -20; prev="$dir"; continue; }
   "$dir/build/tests/nvfp4kv_gpu_tests" > "$dir/gpu_tests.log" 2>&1 && echo "gpu tests: pass" ||
     { echo "gpu tests: FAIL"; grep -E "Failure|FAILED|Expected|Which" "$dir/gpu_tests.log" | head -12; }
+  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$dir/build/tests/nvfp4kv_gpu_tests" \
+    --gtest_filter='-Gpu.LargeRandom*:GpuCodecs.E4M3Encode*' > "$dir/memcheck.log" 2>&1 && echo "memcheck: clean" || echo "memcheck: FAIL (rc $?)"
+  timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$dir/build/tests/nvfp4kv_gpu_tests" \
+    --gtest_filter='Gpu.SlotEdgeCases:Gpu.OddShapes*:Gpu.GatherMarks*' > "$dir/racecheck.log" 2>&1 && echo "racecheck: clean" || echo "racecheck: FAIL (rc $?)"
   "$dir/build/nvfp4kv_bench" --quick 2>&1 | grep -E "^\|" | grep -v -- "---|" | grep -E "store|gather|copy"
+  if [ "${NVFP4KV_NCU:-0}" = 1 ]; then
+    timeout 150 ncu --clock-control none -k regex:store_kernel -s 8 -c 1 --section SpeedOfLight --section Occupancy \
+      --section LaunchStats "$dir/build/nvfp4kv_bench" --profile > "$dir/ncu_store.log" 2>&1
+    grep -E "Duration|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|L2 Cache Throughput" "$dir/ncu_store.log" | head -8
+  fi
   prev="$dir"
 done
