@@ -13,8 +13,6 @@
 namespace nvfp4kv::kernels {
 namespace {
 
-constexpr int kHeadsInFlight = 4;  // input loads issued before any quantization
-
 // quantize_block on the widened floats: 4over6, and blocks holding Inf or NaN.
 // Not inlined: the standard rule's loop stays small (registers) and rarely calls it.
 template <ElementType kType, ScaleRule kRule>
@@ -45,16 +43,44 @@ __device__ __forceinline__ PackedBlock quantize(const uint4& lo, const uint4& hi
   return quantize_general<kType, kRule>(lo, hi, gs, status);
 }
 
-// threadIdx = (group, side, token within the CTA's tokens).
+// Input rows reach shared memory by cp.async, kStages heads ahead of the head
+// being quantized: the loads in flight cost no registers, so the quantization
+// keeps the occupancy it needs. Each thread reads back only what it copied
+// itself, so per-thread cp.async groups order everything (no barrier).
+constexpr int kStages = 4;
+constexpr int kMaxThreads = 128;  // token_block(d, 128) never gives more
+// Registers: on sm_90 the standard rule fits 72 without spilling (7 CTAs of 128
+// threads per SM, 44 % occupancy); the Blackwell path needs up to 96 (5 CTAs); 4over6
+// needs more and is not bandwidth-critical.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr int kStandardMinBlocks = 5;
+#else
+constexpr int kStandardMinBlocks = 7;
+#endif
+
+__device__ __forceinline__ void copy_async_16(uint4* shared, const uint4* global) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
+}
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// threadIdx = (group, side, token within the CTA's tokens); blockIdx.y picks
+// every gridDim.y-th head (more CTAs when a batch has few tokens).
 template <ElementType kType, ScaleRule kRule>
-__global__ void store_kernel(const __grid_constant__ StoreParams p) {
+__global__ void __launch_bounds__(kMaxThreads, kRule == ScaleRule::kStandard ? kStandardMinBlocks : 4) store_kernel(const __grid_constant__ StoreParams p) {
+  __shared__ uint4 stage[kStages][2][kMaxThreads];
   const CacheDims& d = p.layout.dims();
   const int64_t token = int64_t(blockIdx.x) * blockDim.z + threadIdx.z;
   if (token >= p.rows.tokens) return;
   const int g = int(threadIdx.x), side = int(threadIdx.y);
+  const int tid = int(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int64_t slot = p.slots_are_int64 ? static_cast<const int64_t*>(p.slots)[token]
                                          : int64_t(static_cast<const int32_t*>(p.slots)[token]);
-  const bool counter = (g == 0 && side == 0);
+  const bool counter = (g == 0 && side == 0 && blockIdx.y == 0);
   if (slot < 0 || slot >= d.pages * d.tokens_per_page) {
     if (counter && p.status) atomicAdd(slot < 0 ? &p.status->padding : &p.status->out_of_range, 1ull);
     return;
@@ -84,39 +110,50 @@ __global__ void store_kernel(const __grid_constant__ StoreParams p) {
   const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(side == 0 ? p.rows.k : p.rows.v) +
                                                     token * p.rows.token_stride + g * kBlockSize);
   const int64_t head_step = d.head_dim / 8;  // in uint4
-  for (int64_t h0 = 0; h0 < d.heads; h0 += kHeadsInFlight) {
-    uint4 in[kHeadsInFlight][2];
-#pragma unroll
-    for (int k = 0; k < kHeadsInFlight; ++k) {
-      if (h0 + k < d.heads) {
-        in[k][0] = __ldg(src + (h0 + k) * head_step);
-        in[k][1] = __ldg(src + (h0 + k) * head_step + 1);
-      }
+  const int64_t first_head = blockIdx.y, head_stride = gridDim.y;
+  const int64_t heads = first_head < d.heads ? (d.heads - first_head + head_stride - 1) / head_stride : 0;
+  // One commit per step, empty or not, so "all but the newest kStages - 1 groups
+  // done" always means "step j's copies done".
+  const auto issue = [&](int64_t j) {
+    if (j < heads) {
+      const uint4* from = src + (first_head + j * head_stride) * head_step;
+      copy_async_16(&stage[j % kStages][0][tid], from);
+      copy_async_16(&stage[j % kStages][1][tid], from + 1);
     }
+    commit_copies();
+  };
 #pragma unroll
-    for (int k = 0; k < kHeadsInFlight; ++k) {
-      const int64_t h = h0 + k;
-      if (h >= d.heads) break;
-      const PackedBlock q = quantize<kType, kRule>(in[k][0], in[k][1], gs, p.status);
-      scale_base[h * scale_head] = q.scale;
-      if (vector_data) {
-        *reinterpret_cast<uint2*>(data_base + h * data_head) = make_uint2(q.data[0], q.data[1]);
-      } else {  // rows not 8-byte aligned: byte by byte, each through the layout
-        Coord cb = c;
-        cb.head = h;
-        for (int j = 0; j < kBlockSize / 2; ++j, ++cb.column)
-          *element_address(p.layout, p.buffers, data, cb) = uint8_t(q.data[j / 4] >> (8 * (j % 4)));
-      }
+  for (int j = 0; j < kStages - 1; ++j) issue(j);
+#pragma unroll 1
+  for (int64_t j = 0; j < heads; ++j) {
+    issue(j + kStages - 1);  // into the slot step j - 1 read
+    wait_copies<kStages - 1>();
+    const uint4 lo = stage[j % kStages][0][tid], hi = stage[j % kStages][1][tid];
+    const int64_t h = first_head + j * head_stride;
+    const PackedBlock q = quantize<kType, kRule>(lo, hi, gs, p.status);
+    scale_base[h * scale_head] = q.scale;
+    if (vector_data) {
+      *reinterpret_cast<uint2*>(data_base + h * data_head) = make_uint2(q.data[0], q.data[1]);
+    } else {  // rows not 8-byte aligned: byte by byte, each through the layout
+      Coord cb = c;
+      cb.head = h;
+      for (int k = 0; k < kBlockSize / 2; ++k, ++cb.column)
+        *element_address(p.layout, p.buffers, data, cb) = uint8_t(q.data[k / 4] >> (8 * (k % 4)));
     }
   }
+  wait_copies<0>();  // nothing may still be writing this CTA's shared memory at exit
 }
 
 template <ElementType kType, ScaleRule kRule>
 cudaError_t launch(const StoreParams& p, cudaStream_t stream) {
   if (p.rows.tokens == 0) return cudaSuccess;
-  const dim3 block = token_block(p.layout.dims(), 128);
-  const unsigned grid = unsigned((p.rows.tokens + block.z - 1) / block.z);
-  store_kernel<kType, kRule><<<grid, block, 0, stream>>>(p);
+  const CacheDims& d = p.layout.dims();
+  const dim3 block = token_block(d, kMaxThreads);
+  const int64_t token_ctas = (p.rows.tokens + block.z - 1) / block.z;
+  // Small batches (decode steps) split the heads over more CTAs: aim for about
+  // 1024 CTAs, enough to fill any current GPU.
+  const int64_t slices = std::min<int64_t>(d.heads, std::max<int64_t>(1, (1024 + token_ctas - 1) / token_ctas));
+  store_kernel<kType, kRule><<<dim3(unsigned(token_ctas), unsigned(slices)), block, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
