@@ -8,9 +8,6 @@
 // the 8 magnitudes, computed as the reference computes an element; per element,
 // byte permutes (Hopper has no E2M1 conversion). tests/cpu checks the table
 // decode against the reference's dequantize_element for every scale byte.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "kernels.hpp"
 
 namespace nvfp4kv::kernels {

@@ -57,7 +57,7 @@ uint8_t e2m1_by_thresholds(float x) {
   return uint8_t((std::signbit(x) ? 8 : 0) | m);
 }
 
-TEST(E2M1, BitEncoderEqualsTheThresholdDefinition) {
+TEST(E2M1, EncoderEqualsTheThresholdDefinition) {
   // Every float with magnitude in [2^-7, 16) (all thresholds lie there), both signs.
   for (uint32_t u = 0x3C000000u; u < 0x41800000u; ++u) {
     const float x = bits_float(u);

@@ -1,8 +1,10 @@
 #pragma once
 // The NVFP4 number format: E2M1 element codes, E4M3 ("fn") block scales and the
 // quantization of one 16-element block. Host and device share this code, so the
-// CPU reference and the kernels round identically by construction; the codecs
-// themselves are tested exhaustively and against ml_dtypes.
+// CPU reference and the kernels round identically: by construction, except where
+// the device swaps in a conversion instruction (E4M3, sm_89+) or a cheaper
+// division (by 6, block_scale_code), and those are proven equal by exhaustive
+// tests. The codecs themselves are tested exhaustively and against ml_dtypes.
 //
 // Non-finite inputs (decided here, documented in docs/format.md): a NaN or +-Inf
 // element is stored as +0 and does not take part in the block's amax, so one bad
