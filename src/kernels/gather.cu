@@ -28,13 +28,13 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams p) {
   const int64_t page = p.block_table[seq * p.block_table_stride + page_index];
   // Token t's group g of head h starts at out_base + (t * heads + h) * D + 16 g.
   uint16_t* const out_base = static_cast<uint16_t*>(side == 0 ? p.k_out : p.v_out) + g * kBlockSize;
-  const int64_t head_step = d.head_dim / 8;  // in uint4
+  const int64_t head_chunks = d.head_dim / 8;  // 16-byte chunks per head of an input or output row
   if (page < 0 || page >= d.pages) {  // never read outside the cache; make the rows loudly wrong
     const uint32_t nan2 = kOut == ElementType::kBFloat16 ? 0x7FC07FC0u : 0x7E007E00u;
     const uint4 nan8 = make_uint4(nan2, nan2, nan2, nan2);
     for (int64_t t = threadIdx.z; t < count; t += blockDim.z) {
       uint4* out = reinterpret_cast<uint4*>(out_base + (begin + first + t) * d.heads * d.head_dim);
-      for (int64_t h = 0; h < d.heads; ++h) out[h * head_step] = out[h * head_step + 1] = nan8;
+      for (int64_t h = 0; h < d.heads; ++h) out[h * head_chunks] = out[h * head_chunks + 1] = nan8;
     }
     if (g == 0 && side == 0 && threadIdx.z == 0 && p.status)
       atomicAdd(&p.status->bad_pages, (unsigned long long)count);
@@ -43,7 +43,7 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams p) {
   const Region data = side == 0 ? Region::kKData : Region::kVData;
   const Region scale = side == 0 ? Region::kKScale : Region::kVScale;
   const float gs = side == 0 ? *p.k_global_scale : *p.v_global_scale;
-  const int64_t scale_head = p.layout.region(scale).head, data_head = p.layout.region(data).head;
+  const int64_t scale_head = p.layout.head_step(scale), data_head = p.layout.head_step(data);
   const bool vector_data = p.layout.vector_bytes(data) >= 8;
   // Output stores: a thread's block is two 16-byte chunks of one 32-byte sector,
   // and two store instructions would each write half of every sector. Where the
@@ -60,8 +60,7 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams p) {
   for (int64_t t0 = 0; t0 < count; t0 += blockDim.z) {
     const int64_t t = t0 + threadIdx.z;
     const bool active = t < count;
-    // Head 0's addresses; head h adds h times the region's head stride (the head
-    // term of region_offset is linear for every permutation).
+    // Head 0's addresses; head h is h * head_step further (LayoutView::head_step).
     Coord c{p.layer, page, active ? t : 0, 0, g};
     const uint8_t* const scale_base = element_address(p.layout, p.buffers, scale, c);
     c.column = g * (kBlockSize / 2);
@@ -96,7 +95,7 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams p) {
         uint32_t lo[4], hi[4];
         decode_eight(table, bytes[k].x, lo);
         decode_eight(table, bytes[k].y, hi);
-        uint4* const row = out + h * head_step;
+        uint4* const row = out + h * head_chunks;
         if (pair_up) {
           uint32_t got[4];
 #pragma unroll

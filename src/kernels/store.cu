@@ -43,7 +43,7 @@ __device__ __forceinline__ PackedBlock quantize(const uint4& lo, const uint4& hi
   return quantize_general<kType, kRule>(lo, hi, gs, status);
 }
 
-// Input rows reach shared memory by cp.async, kStages heads ahead of the head
+// Input rows reach shared memory by cp.async, kStages - 1 heads ahead of the head
 // being quantized: the loads in flight cost no registers, so the quantization
 // keeps the occupancy it needs. Each thread reads back only what it copied
 // itself, so per-thread cp.async groups order everything (no barrier).
@@ -99,24 +99,23 @@ __global__ void __launch_bounds__(kMaxThreads, kRule == ScaleRule::kStandard ? k
   // capacity < 2^31 is checked on the host, so a 32-bit division suffices.
   const uint32_t n = uint32_t(d.tokens_per_page), s32 = uint32_t(slot);
   Coord c{p.layer, int64_t(s32 / n), int64_t(s32 % n), 0, g};
-  // Head 0's addresses; head h adds h times the region's head stride (the head
-  // term of region_offset is linear for every permutation).
+  // Head 0's addresses; head h is h * head_step further (LayoutView::head_step).
   uint8_t* const scale_base = element_address(p.layout, p.buffers, scale, c);
   c.column = g * (kBlockSize / 2);
   uint8_t* const data_base = element_address(p.layout, p.buffers, data, c);
-  const int64_t scale_head = p.layout.region(scale).head, data_head = p.layout.region(data).head;
+  const int64_t scale_head = p.layout.head_step(scale), data_head = p.layout.head_step(data);
   const bool vector_data = p.layout.vector_bytes(data) >= 8;
   // 16-byte aligned rows (checked on the host); head h's group starts h * D elements further.
   const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(side == 0 ? p.rows.k : p.rows.v) +
                                                     token * p.rows.token_stride + g * kBlockSize);
-  const int64_t head_step = d.head_dim / 8;  // in uint4
+  const int64_t head_chunks = d.head_dim / 8;  // 16-byte chunks per head of an input or output row
   const int64_t first_head = blockIdx.y, head_stride = gridDim.y;
   const int64_t heads = first_head < d.heads ? (d.heads - first_head + head_stride - 1) / head_stride : 0;
   // One commit per step, empty or not, so "all but the newest kStages - 1 groups
   // done" always means "step j's copies done".
   const auto issue = [&](int64_t j) {
     if (j < heads) {
-      const uint4* from = src + (first_head + j * head_stride) * head_step;
+      const uint4* from = src + (first_head + j * head_stride) * head_chunks;
       copy_async_16(&stage[j % kStages][0][tid], from);
       copy_async_16(&stage[j % kStages][1][tid], from + 1);
     }

@@ -33,6 +33,33 @@ TEST(Presets, VerdictsMatchTheExhaustiveOwnershipMapAtManySizes) {
   EXPECT_GE(checked, 13 * 54);
 }
 
+// The kernels walk a token's heads by adding LayoutView::head_step to head 0's
+// offset; that must equal the layout's own offset for every head, region,
+// permutation and coordinate.
+TEST(Presets, HeadStepGivesEveryHeadsOffset) {
+  int checked = 0;
+  for (const PresetInfo& p : list_presets()) {
+    if (broken(p.name)) continue;
+    for (int64_t n : {4, 16}) {
+      const ValidLayout v = validate(preset(p.name.c_str(), {2, 3, n, 5, 64}));
+      const LayoutView view = v.view();
+      const CacheDims& d = view.dims();
+      for (int r = 0; r < kRegionCount; ++r)
+        for (int64_t page = 0; page < d.pages; ++page)
+          for (int64_t t = 0; t < d.tokens_per_page; ++t)
+            for (int64_t col = 0; col < d.columns(Region(r)); ++col) {
+              const int64_t base = view.offset(Region(r), {1, page, t, 0, col});
+              for (int64_t h = 0; h < d.heads; ++h) {
+                ASSERT_EQ(view.offset(Region(r), {1, page, t, h, col}), base + h * view.head_step(Region(r)))
+                    << p.name << " region " << r << " head " << h;
+                ++checked;
+              }
+            }
+    }
+  }
+  EXPECT_GT(checked, 11 * 1000);
+}
+
 TEST(Presets, FormulasOfTheReferenceDoc) {
   // vLLM legacy HND: K scale = b*P + H*N*dd + h*N*sd + t*sd + g, V base + H*N*F.
   const int64_t H = 4, N = 16, D = 128, dd = 64, sd = 8, F = 72, P = 2 * H * N * F;

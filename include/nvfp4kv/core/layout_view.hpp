@@ -71,6 +71,11 @@ class LayoutView {
   NVFP4KV_HD int64_t offset(Region r, const Coord& c) const {
     return region_offset(regions_[int(r)], dims_.scale_bytes(), c);
   }
+  // Bytes between heads: offset(r, c) for head h is offset(r, c) for head 0 plus
+  // h * head_step(r). The head enters region_offset_as only through its outer,
+  // linear term, for every permutation (tests/cpu/test_layout_presets.cpp checks
+  // the identity on every preset). Kernels walking a token's heads use it.
+  NVFP4KV_HD int64_t head_step(Region r) const { return regions_[int(r)].head; }
   // Widest power-of-two access (bytes, <= 16) that every row start of a region
   // allows; from the validator's alignment report.
   NVFP4KV_HD int vector_bytes(Region r) const { return vector_bytes_[int(r)]; }
