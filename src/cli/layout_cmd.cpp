@@ -25,15 +25,14 @@ void print_regions(const Layout& l, const CheckReport* rep) {
   for (const Buffer& b : l.buffers)
     std::cout << "buffer   \"" << b.name << "\" " << b.bytes << " B" << (b.per_layer ? " per layer" : " (all layers)")
               << "\n";
-  std::cout << "region     buffer        offset      layer       page    token     head   column  scales       vector\n";
+  std::cout << "region     buffer        offset      layer       page     head  token            column         vector\n";
   for (Region r : kAllRegions) {
     const RegionMap& m = l.region(r);
     std::cout << std::left << std::setw(10) << region_name(r) << " " << std::setw(10)
               << l.buffers.at(size_t(m.buffer)).name << std::right << std::setw(10) << m.offset << std::setw(11)
-              << m.layer << std::setw(11) << m.page << std::setw(9) << m.token << std::setw(9) << m.head
-              << std::setw(9) << m.column << "  " << std::left << std::setw(12)
-              << (is_scale(r) ? permutation_name(m.permutation) : "-") << std::right;
-    if (rep && rep->ok) std::cout << rep->alignment[size_t(r)].vector_bytes << " B";
+              << m.layer << std::setw(11) << m.page << std::setw(9) << m.head << "  " << std::left << std::setw(17)
+              << mode_text(m.token) << std::setw(15) << mode_text(m.column) << std::right;
+    if (rep && rep->ok) std::cout << rep->access[size_t(r)].vector_bytes << " B";
     std::cout << "\n";
   }
   const int64_t cells = d.pages * d.tokens_per_page;
@@ -81,7 +80,7 @@ int cmd_check(const Args& a) {
   std::cout << l.name << ": " << res.report.summary() << "\n";
   std::cout << "widest vector access per row:";
   for (Region r : kAllRegions)
-    std::cout << " " << region_name(r) << " " << res.report.alignment[size_t(r)].vector_bytes << " B";
+    std::cout << " " << region_name(r) << " " << res.report.access[size_t(r)].vector_bytes << " B";
   std::cout << "\n";
   return 0;
 }
@@ -113,7 +112,7 @@ int cmd_plan(const Args& a) {
   q.tp_rank = a.integer("tp-rank").value_or(0);
   q.cross_layer = a.flag("cross-layer");
   const std::string vs = a.get("v-scales").value_or("linear");
-  if (vs == "interleave4") q.v_scales = ScalePermutation::kInterleave4;
+  if (vs == "interleave4") q.interleave_v_scales = true;
   else if (vs != "linear") throw UsageError("--v-scales expects linear or interleave4, got \"" + vs + "\"");
   const Plan p = plan(q);
   if (a.flag("json")) {

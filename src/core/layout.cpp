@@ -19,14 +19,38 @@ std::optional<Region> region_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-const char* permutation_name(ScalePermutation p) {
-  return p == ScalePermutation::kInterleave4 ? "interleave4" : "linear";
+std::string mode_text(const Mode& m) {
+  std::ostringstream s;
+  if (m.is_plain()) s << m.stride;
+  else s << "(" << m.inner << ",_):(" << m.inner_stride << "," << m.stride << ")";
+  return s.str();
+}
+
+std::string head_dim_problem(int64_t d) {
+  if (d >= 16 && d % 16 == 0) return "";
+  return "head dim must be a positive multiple of 16 (one E4M3 scale per 16 values), got " + std::to_string(d);
+}
+
+std::string dims_problem(const CacheDims& d) {
+  for (auto [v, what] : {std::pair{d.layers, "layers"}, {d.pages, "pages"}, {d.tokens_per_page, "tokens per page"},
+                         {d.heads, "heads"}})
+    if (v < 1) return std::string(what) + " must be >= 1, got " + std::to_string(v);
+  return head_dim_problem(d.head_dim);
 }
 
 int64_t Layout::total_bytes() const {
   int64_t total = 0;
   for (const Buffer& b : buffers) total += b.bytes * (b.per_layer ? dims.layers : 1);
   return total;
+}
+
+void interleave_scale_plane(Layout& l, Region r) {
+  RegionMap& m = l.regions[size_t(r)];
+  const int64_t sd = l.dims.scale_bytes();
+  if (!is_scale(r) || !m.token.is_plain() || m.token.stride != sd || !(m.column == Mode(1)))
+    throw LayoutError(std::string(region_name(r)) + ": only a linear, contiguous scale plane can be interleaved");
+  m.token = Mode(4, 1, 4 * sd);
+  m.column = Mode(4);
 }
 
 std::string describe_element(Region r, const Coord& c) {
@@ -58,7 +82,7 @@ LayoutView ValidLayout::view() const {
   v.dims_ = layout_.dims;
   for (Region r : kAllRegions) {
     v.regions_[int(r)] = layout_.region(r);
-    v.vector_bytes_[int(r)] = report_.alignment[size_t(r)].vector_bytes;
+    v.access_[int(r)] = report_.access[size_t(r)];
   }
   return v;
 }

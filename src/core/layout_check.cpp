@@ -246,11 +246,14 @@ class BufferProver {
   double work_ = 0;
 };
 
-// The coordinate of a region's last byte (strides are >= 0).
+// The coordinate of a region's last byte (strides >= 0: each coordinate at the
+// argmax of its own term).
 Coord last_coord(const Layout& layout, Region r) {
   const CacheDims& d = layout.dims;
-  const Buffer& b = layout.buffers[size_t(layout.region(r).buffer)];
-  return {layout.layers_in(b) - 1, d.pages - 1, d.tokens_per_page - 1, d.heads - 1, d.columns(r) - 1};
+  const RegionMap& m = layout.region(r);
+  const Buffer& b = layout.buffers[size_t(m.buffer)];
+  return {layout.layers_in(b) - 1, d.pages - 1, m.token.argmax(d.tokens_per_page), d.heads - 1,
+          m.column.argmax(d.columns(r))};
 }
 
 void check_structure(const Layout& layout, CheckReport& rep) {
@@ -258,12 +261,7 @@ void check_structure(const Layout& layout, CheckReport& rep) {
   auto need = [&](bool ok, const std::string& msg) {
     if (!ok) rep.problems.push_back(msg);
   };
-  need(d.layers >= 1, "layers must be >= 1, got " + std::to_string(d.layers));
-  need(d.pages >= 1, "pages must be >= 1, got " + std::to_string(d.pages));
-  need(d.tokens_per_page >= 1, "tokens per page must be >= 1, got " + std::to_string(d.tokens_per_page));
-  need(d.heads >= 1, "heads must be >= 1, got " + std::to_string(d.heads));
-  need(d.head_dim >= 16 && d.head_dim % 16 == 0,
-       "head dim must be a positive multiple of 16 (one scale per 16 values), got " + std::to_string(d.head_dim));
+  if (const std::string p = dims_problem(d); !p.empty()) rep.problems.push_back(p);
   need(!layout.buffers.empty(), "the layout names no buffer");
   std::set<std::string> names;
   for (const Buffer& b : layout.buffers) {
@@ -281,26 +279,19 @@ void check_structure(const Layout& layout, CheckReport& rep) {
     }
     const Buffer& b = layout.buffers[size_t(m.buffer)];
     need(m.offset >= 0, rn + " has a negative offset " + std::to_string(m.offset));
-    for (auto [stride, dim] : {std::pair{m.layer, "layer"}, {m.page, "page"}, {m.token, "token"}, {m.head, "head"},
-                               {m.column, "column"}})
+    for (auto [stride, dim] : {std::pair{m.layer, "layer"}, {m.page, "page"}, {m.token.stride, "token"},
+                               {m.token.inner_stride, "inner token"}, {m.head, "head"}, {m.column.stride, "column"},
+                               {m.column.inner_stride, "inner column"}})
       need(stride >= 0, rn + " has a negative " + dim + " stride " + std::to_string(stride) +
                             "; describe the buffer from its lowest address with strides >= 0");
+    for (auto [mode, dim] : {std::pair{&m.token, "token"}, {&m.column, "column"}})
+      need(mode->inner >= 1, rn + ": the " + dim + " mode's inner extent must be >= 1, got " + std::to_string(mode->inner));
     need(!(b.per_layer && m.layer != 0), rn + " lives in per-layer buffer \"" + b.name +
                                              "\" but has a layer stride; a per-layer buffer holds one layer");
-    if (m.permutation == ScalePermutation::kInterleave4) {
-      need(is_scale(r), rn + " is a data region; only scale planes can be permuted");
-      need(d.scale_bytes() % 4 == 0, rn + ": interleave4 needs head dim % 64 == 0 (D/16 groups a multiple of 4), got " +
-                                         std::to_string(d.head_dim) + "; use linear scales or pad the head dim");
-      need(d.tokens_per_page % 4 == 0, rn + ": interleave4 needs tokens per page % 4 == 0, got " +
-                                           std::to_string(d.tokens_per_page) + "; use a multiple of 4 or linear scales");
-      need(m.token == d.scale_bytes() * m.column,
-           rn + ": interleave4 permutes a contiguous (page, head) plane, so the token stride must be D/16 * column stride = " +
-               std::to_string(d.scale_bytes() * m.column) + ", got " + std::to_string(m.token));
-    }
   }
   if (!rep.problems.empty()) return;
   for (Region r : kAllRegions)  // the largest offset (strides >= 0: the last element's) must fit in int64
-    need(region_offset_as<i128>(layout.region(r), d.scale_bytes(), last_coord(layout, r)) < i128(INT64_MAX) / 2,
+    need(region_offset_as<i128>(layout.region(r), last_coord(layout, r)) < i128(INT64_MAX) / 2,
          std::string(region_name(r)) + ": offsets overflow 64 bits; the sizes are too large");
 }
 
@@ -315,25 +306,34 @@ void check_bounds(const Layout& layout, CheckReport& rep) {
   }
 }
 
-void report_alignment(const Layout& layout, CheckReport& rep) {
+int64_t lowest_power_of_two(int64_t g) { return g & -g; }
+
+// How a sound layout's regions may be accessed: vector width per row, and
+// whether each (layer, page, head) tile is one dense, aligned plane (a kernel can
+// then copy the plane in one piece and address it with the tile's modes).
+void report_access(const Layout& layout, CheckReport& rep) {
   const CacheDims& d = layout.dims;
   for (Region r : kAllRegions) {
     const RegionMap& m = layout.region(r);
-    RegionAlignment& a = rep.alignment[size_t(r)];
-    if (m.column != 1) {  // columns not contiguous: byte access only
+    RegionAccess& a = rep.access[size_t(r)];
+    const Buffer& b = layout.buffers[size_t(m.buffer)];
+    // The tile bases: offset + layer, page and head multiples.
+    int64_t base = std::gcd(int64_t(16), m.offset);
+    if (layout.layers_in(b) > 1) base = std::gcd(base, m.layer);
+    if (d.pages > 1) base = std::gcd(base, m.page);
+    if (d.heads > 1) base = std::gcd(base, m.head);
+    a.plane_align = int(lowest_power_of_two(base));
+    const int64_t cols = d.columns(r), n = d.tokens_per_page;
+    const int64_t span = m.token(m.token.argmax(n)) + m.column(m.column.argmax(cols)) + 1;
+    a.dense_plane = span == n * cols;  // injective (proved) and no gap
+    // Rows: a contiguous row of columns (plain column stride 1) starting at every token's offset.
+    if (!(m.column.is_plain() && m.column.stride == 1)) {
       a.vector_bytes = 1;
       continue;
     }
-    // A row is contiguous: D/2 or D/16 bytes, or 4 token rows of scales under interleave4.
-    const bool perm = m.permutation == ScalePermutation::kInterleave4;
-    int64_t g = std::gcd(int64_t(16), perm ? 4 * d.scale_bytes() : d.columns(r));
-    g = std::gcd(g, m.offset);
-    const Buffer& b = layout.buffers[size_t(m.buffer)];
-    if (layout.layers_in(b) > 1) g = std::gcd(g, m.layer);
-    if (d.pages > 1) g = std::gcd(g, m.page);
-    if (d.heads > 1) g = std::gcd(g, m.head);
-    if (!perm && d.tokens_per_page > 1) g = std::gcd(g, m.token);
-    a.vector_bytes = int(g & -g);  // largest power of two dividing g
+    int64_t g = std::gcd(base, cols);
+    if (n > 1) g = std::gcd(g, m.token.is_plain() ? m.token.stride : std::gcd(m.token.inner_stride, m.token.stride));
+    a.vector_bytes = int(lowest_power_of_two(g));
   }
 }
 
@@ -403,10 +403,12 @@ CheckResult check(const Layout& layout) {
   const auto start = std::chrono::steady_clock::now();
   CheckReport rep;
   check_structure(layout, rep);
-  if (rep.problems.empty()) check_bounds(layout, rep);
   if (rep.problems.empty()) {
-    report_alignment(layout, rep);
+    // Overlap first: a collision names the cause (two coordinates, one byte) even
+    // when the same mistake also pushes the last elements out of bounds.
+    report_access(layout, rep);
     check_overlap(layout, rep);
+    check_bounds(layout, rep);
   }
   if (rep.problems.empty()) {
     const CacheDims& d = layout.dims;

@@ -32,6 +32,23 @@ void require_keys(const json& obj, std::initializer_list<const char*> allowed, c
   }
 }
 
+// A token or column mode: an expression (a plain stride) or
+// {"inner": E, "stride": [inner stride, stride]}.
+LayoutSpec::ModeSpec mode_spec(const json& v, const std::string& where) {
+  LayoutSpec::ModeSpec m;
+  if (!v.is_object()) {
+    m.stride = expr_text(v, where);
+    return m;
+  }
+  require_keys(v, {"inner", "stride"}, where);
+  if (!v.contains("inner") || !v.contains("stride") || !v["stride"].is_array() || v["stride"].size() != 2)
+    throw LayoutError(where + ": a nested mode is {\"inner\": E, \"stride\": [inner stride, stride]}, got " + v.dump());
+  m.inner = expr_text(v["inner"], where + ".inner");
+  m.inner_stride = expr_text(v["stride"][0], where + ".stride[0]");
+  m.stride = expr_text(v["stride"][1], where + ".stride[1]");
+  return m;
+}
+
 std::optional<int64_t> dim_value(const json& dims, const char* key) {
   if (!dims.contains(key)) return std::nullopt;
   const json& v = dims[key];
@@ -94,7 +111,7 @@ LayoutSpec parse_layout_spec(std::string_view text) {
     const std::string rn = region_name(r);
     if (!regions.contains(rn)) throw LayoutError("regions: \"" + rn + "\" is missing; all four regions are required");
     const json& j = regions[rn];
-    require_keys(j, {"buffer", "offset", "layer", "page", "token", "head", "column", "permutation"}, rn);
+    require_keys(j, {"buffer", "offset", "layer", "page", "token", "head", "column"}, rn);
     LayoutSpec::RegionSpec& rs = spec.regions[size_t(r)];
     if (j.contains("buffer")) {
       if (!j["buffer"].is_string()) throw LayoutError(rn + ".buffer must be a buffer name");
@@ -104,19 +121,14 @@ LayoutSpec parse_layout_spec(std::string_view text) {
     } else {
       throw LayoutError(rn + ": \"buffer\" is required when the layout has several buffers");
     }
-    for (auto [key, field] : {std::pair{"page", &rs.page}, {"token", &rs.token}, {"head", &rs.head}}) {
+    for (auto key : {"page", "token", "head"})
       if (!j.contains(key)) throw LayoutError(rn + ": the \"" + key + "\" stride is required");
-      *field = expr_text(j[key], rn + "." + key);
-    }
+    rs.page = expr_text(j["page"], rn + ".page");
+    rs.head = expr_text(j["head"], rn + ".head");
+    rs.token = mode_spec(j["token"], rn + ".token");
     rs.offset = j.contains("offset") ? expr_text(j["offset"], rn + ".offset") : "0";
-    rs.column = j.contains("column") ? expr_text(j["column"], rn + ".column") : "1";
+    rs.column = j.contains("column") ? mode_spec(j["column"], rn + ".column") : LayoutSpec::ModeSpec{"1", "0", "1"};
     if (j.contains("layer")) rs.layer = expr_text(j["layer"], rn + ".layer");
-    if (j.contains("permutation")) {
-      const json& p = j["permutation"];
-      if (p == "linear") rs.permutation = ScalePermutation::kLinear;
-      else if (p == "interleave4") rs.permutation = ScalePermutation::kInterleave4;
-      else throw LayoutError(rn + ".permutation: expected \"linear\" or \"interleave4\", got " + p.dump());
-    }
   }
   return spec;
 }
@@ -135,12 +147,8 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
   for (auto [v, flag] : {std::pair{P, "--pages"}, {N, "--tokens-per-page"}, {H, "--heads"}, {D, "--head-dim"}})
     if (!v) open += std::string(open.empty() ? "" : ", ") + flag;
   if (!open.empty()) throw LayoutError("layout \"" + spec.name + "\" leaves sizes open: give " + open);
-  for (auto [v, what] : {std::pair{*L, "layers"}, {*P, "pages"}, {*N, "tokens per page"}, {*H, "heads"}})
-    if (v < 1) throw LayoutError(std::string(what) + " must be >= 1, got " + std::to_string(v));
-  if (*D < 16 || *D % 16 != 0)
-    throw LayoutError("head dim must be a positive multiple of 16 (one E4M3 scale per 16 values), got " +
-                      std::to_string(*D));
   l.dims = {*L, *P, *N, *H, *D};
+  if (const std::string p = dims_problem(l.dims); !p.empty()) throw LayoutError(p);
   std::map<std::string, int64_t, std::less<>> symbols = {
       {"L", *L}, {"P", *P}, {"N", *N}, {"H", *H}, {"D", *D},
       {"dd", *D / 2}, {"sd", *D / 16}, {"F", *D / 2 + *D / 16}};
@@ -175,10 +183,17 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
     m.offset = eval(rs.offset, rn + ".offset");
     m.layer = rs.layer.empty() ? 0 : eval(rs.layer, rn + ".layer");
     m.page = eval(rs.page, rn + ".page");
-    m.token = eval(rs.token, rn + ".token");
     m.head = eval(rs.head, rn + ".head");
-    m.column = eval(rs.column, rn + ".column");
-    m.permutation = rs.permutation;
+    const auto mode = [&](const LayoutSpec::ModeSpec& ms, const std::string& where) {
+      const Mode md(eval(ms.inner, where + ".inner"), eval(ms.inner_stride, where + ".stride[0]"),
+                    eval(ms.stride, where + (ms.inner == "1" ? "" : ".stride[1]")));
+      if (md.inner < 1)
+        throw LayoutError(where + ": inner extent " + ms.inner + " = " + std::to_string(md.inner) + " at head dim " +
+                          std::to_string(*D) + " and " + std::to_string(*N) + " tokens per page; it must be >= 1");
+      return md;
+    };
+    m.token = mode(rs.token, rn + ".token");
+    m.column = mode(rs.column, rn + ".column");
   }
   for (size_t i = 0; i < spec.buffers.size(); ++i) {
     if (spec.buffers[i].bytes) {
@@ -190,9 +205,9 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
     for (Region r : kAllRegions) {
       const RegionMap& m = l.regions[size_t(r)];
       if (m.buffer != int32_t(i)) continue;
-      const Coord c{l.layers_in(l.buffers[i]) - 1, l.dims.pages - 1, l.dims.tokens_per_page - 1, l.dims.heads - 1,
-                    l.dims.columns(r) - 1};
-      need = std::max<i128>(need, i128(l.offset(r, c)) + 1);
+      const Coord c{l.layers_in(l.buffers[i]) - 1, l.dims.pages - 1, m.token.argmax(l.dims.tokens_per_page),
+                    l.dims.heads - 1, m.column.argmax(l.dims.columns(r))};
+      need = std::max<i128>(need, region_offset_as<i128>(m, c) + 1);
     }
     l.buffers[i].bytes = int64_t(std::min<i128>(need, INT64_MAX));
   }
@@ -209,8 +224,12 @@ std::string to_json(const Layout& l) {
   for (const Buffer& b : l.buffers) doc["buffers"].push_back({{"name", b.name}, {"bytes", b.bytes}, {"per_layer", b.per_layer}});
   for (Region r : kAllRegions) {
     const RegionMap& m = l.region(r);
+    const auto mode = [](const Mode& md) -> json {
+      if (md.is_plain()) return md.stride;
+      return {{"inner", md.inner}, {"stride", {md.inner_stride, md.stride}}};
+    };
     json j = {{"buffer", l.buffers.at(size_t(m.buffer)).name}, {"offset", m.offset}, {"page", m.page},
-              {"token", m.token}, {"head", m.head}, {"column", m.column}, {"permutation", permutation_name(m.permutation)}};
+              {"token", mode(m.token)}, {"head", m.head}, {"column", mode(m.column)}};
     if (!l.buffers.at(size_t(m.buffer)).per_layer) j["layer"] = m.layer;
     doc["regions"][region_name(r)] = j;
   }

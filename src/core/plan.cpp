@@ -23,18 +23,12 @@ Plan plan(const PlanRequest& q) {
   auto fail = [](const std::string& m) { throw LayoutError("plan: " + m); };
   if (q.layers < 1) fail("layers must be >= 1, got " + std::to_string(q.layers));
   if (q.kv_heads < 1) fail("kv heads must be >= 1, got " + std::to_string(q.kv_heads));
-  if (q.head_dim < 16 || q.head_dim % 16 != 0)
-    fail("head dim must be a positive multiple of 16 (one E4M3 scale per 16 values), got " +
-         std::to_string(q.head_dim) + "; pad the head dim up to " +
-         std::to_string((std::max<int64_t>(q.head_dim, 1) + 15) / 16 * 16));
+  if (const std::string p = head_dim_problem(q.head_dim); !p.empty())
+    fail(p + "; pad the head dim up to " + std::to_string((std::max<int64_t>(q.head_dim, 1) + 15) / 16 * 16));
   if (q.tokens_per_page < 1) fail("tokens per page must be >= 1, got " + std::to_string(q.tokens_per_page));
-  if (q.v_scales == ScalePermutation::kInterleave4) {
-    if (q.head_dim % 64 != 0)
-      fail("interleaved V scales need head dim % 64 == 0, got " + std::to_string(q.head_dim) + "; use linear V scales");
-    if (q.tokens_per_page % 4 != 0)
-      fail("interleaved V scales need tokens per page % 4 == 0, got " + std::to_string(q.tokens_per_page) +
-           "; use a multiple of 4 or linear V scales");
-  }
+  if (q.interleave_v_scales && q.tokens_per_page % 4 != 0)
+    fail("interleaved V scales need tokens per page % 4 == 0, got " + std::to_string(q.tokens_per_page) +
+         "; use a multiple of 4 or linear V scales");
   if (q.tp_size < 1) fail("tensor-parallel size must be >= 1, got " + std::to_string(q.tp_size));
   if (q.tp_rank < 0 || q.tp_rank >= q.tp_size)
     fail("tensor-parallel rank must be in [0, " + std::to_string(q.tp_size) + "), got " + std::to_string(q.tp_rank));
@@ -73,7 +67,7 @@ Plan plan(const PlanRequest& q) {
     fail("the allocation overflows 64-bit sizes; lower the page count or budget");
   Layout layout = instantiate(preset_spec(q.cross_layer ? "nvfp4kv-native-layers" : "nvfp4kv-native"),
                               {q.layers, pages, q.tokens_per_page, heads_per_rank, q.head_dim});
-  layout.regions[size_t(Region::kVScale)].permutation = q.v_scales;
+  if (q.interleave_v_scales) interleave_scale_plane(layout, Region::kVScale);
   return Plan{validate(layout), heads_per_rank, rank_heads, page_layer, int64_t(page_all),
               pages * q.tokens_per_page, int64_t(total)};
 }
@@ -96,7 +90,7 @@ std::string Plan::summary() const {
     s << "\nallocation      " << (l.buffers[0].per_layer ? std::to_string(d.layers) + " x " : std::string("1 x "))
       << l.buffers[0].bytes << " B";
   s << "\nper (page, head) one contiguous " << 2 * (l.region(Region::kVData).offset) << " B span (K then V), rows "
-    << layout.report().alignment[0].vector_bytes << "-byte aligned";
+    << layout.report().access[0].vector_bytes << "-byte aligned";
   return s.str();
 }
 

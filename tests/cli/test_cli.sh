@@ -33,7 +33,7 @@ expect 1 "place 2160 of 2304 elements differently" "$bin" layout compare vllm-pa
 expect 0 "agree: " "$bin" layout compare vllm-legacy-hnd vllm-packed-hnd $small
 expect 1 "!!!!" "$bin" layout show vllm-packed-nhd-writer $small
 expect 0 "KKKK" "$bin" layout show vllm-packed-nhd-rows $small
-expect 0 '"permutation": "interleave4"' "$bin" layout show trtllm --json $small
+expect 0 '"inner": 4' "$bin" layout show trtllm --json $small
 expect 0 "token capacity" "$bin" layout plan --layers 32 --kv-heads 8 --head-dim 128 --memory 40GiB --tp-size 2 --tp-rank 1
 expect 2 "pad the head dim up to 112" "$bin" layout plan --layers 32 --kv-heads 8 --head-dim 100 --pages 10
 expect 2 "leaves sizes open: give --pages, --tokens-per-page, --heads, --head-dim" "$bin" layout check vllm-legacy-hnd

@@ -85,8 +85,10 @@ TEST(Check, AcceptsASoundLayoutAndReportsAlignment) {
   const CheckResult r = check(tiny());
   ASSERT_TRUE(r.report.ok) << r.report.summary();
   EXPECT_EQ(r.report.elements, 3 * 2 * 4 * (16 + 2) * 2);
-  EXPECT_EQ(r.report.alignment[0].vector_bytes, 16);  // data rows of 16 bytes at multiples of 16
-  EXPECT_EQ(r.report.alignment[1].vector_bytes, 2);   // scale rows of 2 bytes
+  EXPECT_EQ(r.report.access[0].vector_bytes, 16);  // data rows of 16 bytes at multiples of 16
+  EXPECT_EQ(r.report.access[1].vector_bytes, 2);   // scale rows of 2 bytes
+  EXPECT_TRUE(r.report.access[0].dense_plane);     // each (page, head) plane is N x D/2 bytes, no gap
+  EXPECT_EQ(r.report.access[1].plane_align, 8);    // scale planes start at multiples of 8 (N * D/16)
   ASSERT_TRUE(r.valid.has_value());
   EXPECT_EQ(r.valid->view().offset(Region::kKScale, {0, 1, 2, 1, 1}), 2 * 2 * 4 * 18 + 2 * 4 * 16 + 1 * 8 + 2 * 2 + 1);
 }
@@ -121,20 +123,16 @@ TEST(Check, ZeroStrideAcrossPagesCollides) {
   EXPECT_EQ(l.offset(r.collision->a, r.collision->coord_a), l.offset(r.collision->b, r.collision->coord_b));
 }
 
-TEST(Check, RejectsNegativeStridesAndBadPermutations) {
+TEST(Check, RejectsNegativeStridesAndBadModes) {
   Layout l = tiny();
   l.regions[0].token = -16;
   EXPECT_NE(check(l).report.problems[0].find("negative token stride"), std::string::npos);
   l = tiny();
-  l.regions[0].permutation = ScalePermutation::kInterleave4;
-  EXPECT_NE(check(l).report.problems[0].find("only scale planes"), std::string::npos);
-  // interleave4 preconditions: D % 64 (here D = 32), N % 4, contiguous plane
+  l.regions[3].token = Mode(0, 1, 8);
+  EXPECT_NE(check(l).report.problems[0].find("inner extent must be >= 1"), std::string::npos);
   l = tiny();
-  l.regions[3].permutation = ScalePermutation::kInterleave4;
-  EXPECT_NE(check(l).report.problems[0].find("head dim % 64"), std::string::npos);
-  l = tiny({std::nullopt, std::nullopt, 6, std::nullopt, 64});
-  l.regions[3].permutation = ScalePermutation::kInterleave4;
-  EXPECT_NE(check(l).report.problems[0].find("tokens per page % 4"), std::string::npos);
+  l.regions[3].column = Mode(2, -1, 4);
+  EXPECT_NE(check(l).report.problems[0].find("negative inner column stride"), std::string::npos);
 }
 
 TEST(Check, RejectsOffsetsThatOverflow64Bits) {
@@ -146,26 +144,69 @@ TEST(Check, RejectsOffsetsThatOverflow64Bits) {
   EXPECT_NE(r.problems[0].find("v_data: offsets overflow 64 bits"), std::string::npos) << r.problems[0];
 }
 
-TEST(Check, Interleave4IsAPermutationOfThePlane) {
+// The scale interleaves are modes. TensorRT-LLM's spelling permutes a contiguous
+// N x sd plane at every head dim; FlashInfer/vLLM's agrees with it where
+// sd % 4 == 0.
+TEST(Modes, InterleavesAsModesMatchTheEnginesFormulas) {
   for (int64_t n : {4, 8, 16, 64})
-    for (int64_t d : {64, 128, 256}) {
-      RegionMap m;
-      m.token = d / 16;
-      m.permutation = ScalePermutation::kInterleave4;
-      std::vector<int> seen(size_t(n * d / 16), 0);
+    for (int64_t d : {16, 32, 48, 64, 80, 96, 128, 256}) {
+      const int64_t sd = d / 16;
+      RegionMap trt;
+      trt.token = Mode(4, 1, 4 * sd);
+      trt.column = Mode(4);
+      std::vector<int> seen(size_t(n * sd), 0);
       for (int64_t t = 0; t < n; ++t)
-        for (int64_t g = 0; g < d / 16; ++g) {
-          const int64_t o = region_offset(m, d / 16, {0, 0, t, 0, g});
-          ASSERT_GE(o, 0);
-          ASSERT_LT(o, n * d / 16);
+        for (int64_t g = 0; g < sd; ++g) {
+          const int64_t o = region_offset(trt, {0, 0, t, 0, g});
+          ASSERT_EQ(o, (t / 4) * 4 * sd + g * 4 + t % 4);
+          ASSERT_LT(o, n * sd);
           seen[size_t(o)]++;
         }
-      for (int s : seen) ASSERT_EQ(s, 1);
-      // The reference doc's formula, TensorRT-LLM's form: (t/4)*4*sd + g*4 + t%4.
+      for (int s : seen) ASSERT_EQ(s, 1) << "D " << d << " N " << n;
+      if (sd < 4) continue;  // FlashInfer's spelling divides by sd / 4
+      RegionMap fi = trt;
+      fi.column = Mode(sd / 4, 4, sd);
       for (int64_t t = 0; t < n; ++t)
-        for (int64_t g = 0; g < d / 16; ++g)
-          ASSERT_EQ(region_offset(m, d / 16, {0, 0, t, 0, g}), (t / 4) * 4 * (d / 16) + g * 4 + t % 4);
+        for (int64_t g = 0; g < sd; ++g) {
+          const int64_t want = ((t / 4) * 4 + g / (sd / 4)) * sd + (g % (sd / 4)) * 4 + t % 4;
+          ASSERT_EQ(region_offset(fi, {0, 0, t, 0, g}), want);
+          if (sd % 4 == 0) {
+            ASSERT_EQ(want, region_offset(trt, {0, 0, t, 0, g}));
+          }
+        }
     }
+}
+
+TEST(Modes, ArgmaxFindsTheLargestOffset) {
+  for (const Mode m : {Mode(7), Mode(4, 1, 32), Mode(4, 9, 2), Mode(3, 5, 5), Mode(2, 0, 0)})
+    for (int64_t n = 1; n < 20; ++n) {
+      int64_t best = 0;
+      for (int64_t x = 0; x < n; ++x) best = std::max(best, m(x));
+      EXPECT_EQ(m(m.argmax(n)), best) << mode_text(m) << " n " << n;
+    }
+  EXPECT_EQ(mode_text(Mode(4, 1, 32)), "(4,_):(1,32)");
+  EXPECT_EQ(mode_text(Mode(72)), "72");
+}
+
+TEST(LayoutText, ModesParseAndPrintBack) {
+  std::string t = kTinyLayout;
+  const std::string linear_v = R"("head": "N*sd", "token": "sd"})";
+  t.replace(t.rfind(linear_v), linear_v.size(), R"("head": "N*sd", "token": {"inner": 4, "stride": [1, "4*sd"]}, "column": 4})");
+  const Layout l = instantiate(parse_layout_spec(t), {});
+  EXPECT_EQ(l.region(Region::kVScale).token, Mode(4, 1, 8));
+  EXPECT_EQ(l.region(Region::kVScale).column, Mode(4));
+  EXPECT_EQ(to_json(instantiate(parse_layout_spec(to_json(l)), {})), to_json(l));
+  EXPECT_TRUE(check(l).report.ok) << check(l).report.summary();
+  // An inner extent that evaluates below 1 is refused when the sizes are bound.
+  std::string z = kTinyLayout;
+  z.replace(z.rfind(linear_v), linear_v.size(), R"("head": "N*sd", "token": {"inner": "sd/4", "stride": [1, 8]}})");
+  try {
+    instantiate(parse_layout_spec(z), {});
+    ADD_FAILURE() << "accepted an inner extent of 0";
+  } catch (const LayoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("v_scale.token: inner extent sd/4 = 0 at head dim 32"), std::string::npos)
+        << e.what();
+  }
 }
 
 // Random small layouts, most of them broken: check() must agree with the
@@ -186,11 +227,12 @@ TEST(Check, AgreesWithBruteForceOnRandomLayouts) {
       const int64_t cols = l.dims.columns(r);
       // Mostly "nearly right" strides so that overlaps are subtle.
       m.column = pick(0, 5) == 0 ? pick(0, 2) : 1;
-      m.token = cols * m.column + pick(-2, 2) * (rng() % 3 == 0);
-      m.head = m.token * l.dims.tokens_per_page + pick(-3, 3) * (rng() % 3 == 0);
+      m.token = cols * m.column.stride + pick(-2, 2) * (rng() % 3 == 0);
+      if (rng() % 20 == 0) m.token = Mode(pick(1, 4), pick(0, 3), m.token.stride * pick(1, 3));  // nested, often broken
+      m.head = m.token.stride * l.dims.tokens_per_page + pick(-3, 3) * (rng() % 3 == 0);
       m.page = m.head * l.dims.heads * pick(1, 3) + pick(-4, 4) * (rng() % 3 == 0);
       m.layer = l.buffers[size_t(m.buffer)].per_layer ? 0 : m.page * l.dims.pages * pick(1, 2) + pick(-5, 5) * (rng() % 2);
-      if (m.token < 0) m.token = 0;
+      if (m.token.stride < 0) m.token.stride = 0;
       if (m.head < 0) m.head = 0;
       if (m.page < 0) m.page = 0;
       if (m.layer < 0) m.layer = 0;
@@ -200,13 +242,13 @@ TEST(Check, AgreesWithBruteForceOnRandomLayouts) {
         if (q == r) break;
         const RegionMap& o = l.region(q);
         if (o.buffer != m.buffer) continue;
-        const Coord last{l.layers_in(l.buffers[size_t(o.buffer)]) - 1, l.dims.pages - 1, l.dims.tokens_per_page - 1,
+        const Coord last{l.layers_in(l.buffers[size_t(o.buffer)]) - 1, l.dims.pages - 1, o.token.argmax(l.dims.tokens_per_page),
                          l.dims.heads - 1, l.dims.columns(q) - 1};
         end = std::max(end, l.offset(q, last) + 1);
       }
       m.offset = rng() % 4 == 0 ? pick(0, 60) : end + pick(-2, 2) * (rng() % 3 == 0);
       if (m.offset < 0) m.offset = 0;
-      if (m.token < 0) m.token = 0;
+      if (m.token.stride < 0) m.token.stride = 0;
       if (m.head < 0) m.head = 0;
       if (m.page < 0) m.page = 0;
       if (m.layer < 0) m.layer = 0;
@@ -216,7 +258,7 @@ TEST(Check, AgreesWithBruteForceOnRandomLayouts) {
       for (Region r : kAllRegions) {
         const RegionMap& m = l.region(r);
         if (l.buffers[size_t(m.buffer)].name != b.name) continue;
-        const Coord c{l.layers_in(b) - 1, l.dims.pages - 1, l.dims.tokens_per_page - 1, l.dims.heads - 1,
+        const Coord c{l.layers_in(b) - 1, l.dims.pages - 1, m.token.argmax(l.dims.tokens_per_page), l.dims.heads - 1,
                       l.dims.columns(r) - 1};
         need = std::max(need, l.offset(r, c) + 1);
       }
@@ -237,7 +279,7 @@ TEST(Check, AgreesWithBruteForceOnRandomLayouts) {
     }
     (res.report.ok ? sound : rejected)++;
   }
-  EXPECT_GT(sound, 300);
+  EXPECT_GT(sound, 200);
   EXPECT_GT(rejected, 300);
 }
 

@@ -33,31 +33,74 @@ TEST(Presets, VerdictsMatchTheExhaustiveOwnershipMapAtManySizes) {
   EXPECT_GE(checked, 13 * 54);
 }
 
-// The kernels walk a token's heads by adding LayoutView::head_step to head 0's
-// offset; that must equal the layout's own offset for every head, region,
-// permutation and coordinate.
-TEST(Presets, HeadStepGivesEveryHeadsOffset) {
-  int checked = 0;
+// Kernels address a (layer, page, head) tile through LayoutView::tile and walk
+// heads by adding head_step; both must give the layout's own offset for every
+// region and coordinate of every preset. The comparison must be able to fail:
+// a tile view built from a layout with one stride perturbed disagrees.
+int64_t tile_mismatches(const LayoutView& view, const Layout& truth) {
+  const CacheDims& d = view.dims();
+  int64_t bad = 0;
+  for (Region r : kAllRegions)
+    for (int64_t layer = 0; layer < d.layers; ++layer)
+      for (int64_t page = 0; page < d.pages; ++page)
+        for (int64_t h = 0; h < d.heads; ++h) {
+          const TileMap t = view.tile(r, layer, page, h);
+          const int64_t head0 = view.tile(r, layer, page, 0).base;
+          bad += t.base != head0 + h * view.head_step(r);
+          for (int64_t tok = 0; tok < d.tokens_per_page; ++tok)
+            for (int64_t col = 0; col < d.columns(r); ++col)
+              bad += t.offset(tok, col) != truth.offset(r, {layer, page, tok, h, col});
+        }
+  return bad;
+}
+
+TEST(Presets, TileViewAndHeadStepGiveEveryElementsOffset) {
+  int64_t checked = 0;
   for (const PresetInfo& p : list_presets()) {
     if (broken(p.name)) continue;
-    for (int64_t n : {4, 16}) {
-      const ValidLayout v = validate(preset(p.name.c_str(), {2, 3, n, 5, 64}));
-      const LayoutView view = v.view();
-      const CacheDims& d = view.dims();
-      for (int r = 0; r < kRegionCount; ++r)
-        for (int64_t page = 0; page < d.pages; ++page)
-          for (int64_t t = 0; t < d.tokens_per_page; ++t)
-            for (int64_t col = 0; col < d.columns(Region(r)); ++col) {
-              const int64_t base = view.offset(Region(r), {1, page, t, 0, col});
-              for (int64_t h = 0; h < d.heads; ++h) {
-                ASSERT_EQ(view.offset(Region(r), {1, page, t, h, col}), base + h * view.head_step(Region(r)))
-                    << p.name << " region " << r << " head " << h;
-                ++checked;
-              }
-            }
-    }
+    for (int64_t n : {4, 16})
+      for (int64_t dim : {64, 128}) {
+        const Layout l = preset(p.name.c_str(), {2, 3, n, 3, dim});
+        const ValidLayout v = validate(l);
+        ASSERT_EQ(tile_mismatches(v.view(), l), 0) << p.name;
+        checked += 1;
+        // Perturb each stride of each region in turn (a layout the view was not made from).
+        for (int r = 0; r < kRegionCount; ++r)
+          for (int which = 0; which < 5; ++which) {
+            Layout bent = l;
+            RegionMap& m = bent.regions[size_t(r)];
+            // The stride of a mode that its coordinate's range actually uses.
+            const auto used = [](Mode& md, int64_t extent) { return extent > md.inner ? &md.stride : &md.inner_stride; };
+            int64_t* field[] = {&m.offset, &m.page, &m.head, used(m.token, n), used(m.column, l.dims.columns(Region(r)))};
+            *field[which] += 1;
+            EXPECT_GT(tile_mismatches(v.view(), bent), 0) << p.name << " region " << r << " stride " << which;
+          }
+      }
   }
-  EXPECT_GT(checked, 11 * 1000);
+  EXPECT_GE(checked, 11 * 4);
+}
+
+// With the interleave as data both spellings exist at every head dim: TensorRT-LLM's
+// stays inside its (page, head) plane at D 80 and 96; FlashInfer/vLLM's leaves it
+// there, and check names the byte two of its coordinates share.
+TEST(Presets, InterleaveSpellingsAtHeadDims80And96) {
+  for (int64_t dim : {80, 96}) {
+    const CheckReport trt = check(preset("trtllm", {1, 3, 16, 2, dim})).report;
+    EXPECT_TRUE(trt.ok) << dim << ": " << trt.summary();
+    const Layout fl = preset("flashinfer-trtllm-gen-hnd", {1, 3, 16, 2, dim});
+    const CheckReport fi = check(fl).report;
+    ASSERT_FALSE(fi.ok) << dim;
+    ASSERT_TRUE(fi.collision.has_value()) << fi.summary();
+    const Collision& c = *fi.collision;
+    EXPECT_EQ(c.a, Region::kVScale);
+    EXPECT_EQ(c.b, Region::kVScale);
+    EXPECT_EQ(fl.offset(c.a, c.coord_a), c.byte);
+    EXPECT_EQ(fl.offset(c.b, c.coord_b), c.byte);
+    EXPECT_NE(fi.problems[0].find("share byte"), std::string::npos) << fi.problems[0];
+  }
+  // Below D 64 FlashInfer's spelling divides by sd / 4 = 0: refused when the sizes are bound.
+  EXPECT_THROW(preset("flashinfer-trtllm-gen-hnd", {1, 2, 16, 2, 32}), LayoutError);
+  EXPECT_TRUE(check(preset("trtllm", {1, 2, 16, 2, 32})).report.ok);
 }
 
 TEST(Presets, FormulasOfTheReferenceDoc) {
@@ -145,13 +188,14 @@ TEST(Presets, SwizzledWriterAgainstLinearReaderDisagreesOnVScalesOnly) {
   EXPECT_TRUE(compare(preset("vllm-legacy-hnd", d), preset("vllm-packed-hnd", d)).agree);
 }
 
-TEST(Presets, SwizzlePreconditionsAreEnforced) {
+// A page size the 4-token interleave does not divide pushes the last tokens'
+// scales out of their plane: check finds it, with the elements and the byte.
+TEST(Presets, InterleaveOutsideItsPlaneIsRejected) {
   const CheckReport r = check(preset("trtllm", {1, 2, 6, 2, 128})).report;
   ASSERT_FALSE(r.ok);
-  EXPECT_NE(r.problems[0].find("tokens per page % 4 == 0"), std::string::npos) << r.problems[0];
-  const CheckReport r2 = check(preset("flashinfer-trtllm-gen-hnd", {1, 2, 16, 2, 96})).report;
-  ASSERT_FALSE(r2.ok);
-  EXPECT_NE(r2.problems[0].find("head dim % 64"), std::string::npos) << r2.problems[0];
+  EXPECT_TRUE(r.problems[0].find("share byte") != std::string::npos ||
+              r.problems[0].find("outside buffer") != std::string::npos)
+      << r.problems[0];
 }
 
 TEST(Check, SixtyFourLayersTwoHundredThousandPagesInUnderASecond) {
@@ -167,7 +211,7 @@ TEST(Check, SixtyFourLayersTwoHundredThousandPagesInUnderASecond) {
   // A head-outermost allocation ([H][pages][N][D/2]) is proved by peeling heads too.
   Layout l = preset("flashinfer-hnd", {64, 200000, 16, 8, 128});
   for (auto& m : l.regions) {
-    const int64_t row = m.token * 16;  // N * row bytes
+    const int64_t row = m.token.stride * 16;  // N * row bytes
     m.head = row * 200000;
     m.page = row;
   }

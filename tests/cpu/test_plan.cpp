@@ -29,7 +29,7 @@ TEST(Plan, Llama8BOnOneRank) {
   EXPECT_EQ(p.token_capacity, p.layout.layout().dims.pages * 16);
   EXPECT_LE(p.total_bytes, int64_t(40) << 30);
   EXPECT_TRUE(p.layout.report().ok);
-  EXPECT_EQ(p.layout.report().alignment[0].vector_bytes, 16);
+  EXPECT_EQ(p.layout.report().access[0].vector_bytes, 16);
 }
 
 TEST(Plan, TensorParallelSplitsAndReplicatesHeads) {
@@ -47,7 +47,7 @@ TEST(Plan, TensorParallelSplitsAndReplicatesHeads) {
 TEST(Plan, PadsPlanesTo16Bytes) {
   const Plan p = plan({1, 1, 80, 3, std::nullopt, 10});  // D 80, N 3: data plane 120 -> 128, scales 15 -> 16
   EXPECT_EQ(p.bytes_per_page_per_layer, 2 * (128 + 16));
-  EXPECT_EQ(p.layout.report().alignment[0].vector_bytes, 8);  // 40-byte rows
+  EXPECT_EQ(p.layout.report().access[0].vector_bytes, 8);  // 40-byte rows
 }
 
 TEST(Plan, ImpossibleParametersSayWhatToChange) {
@@ -59,14 +59,14 @@ TEST(Plan, ImpossibleParametersSayWhatToChange) {
   EXPECT_NE(plan_error({32, 8, 128, 16, int64_t(1) << 30, 10}).find("not both"), std::string::npos);
   EXPECT_NE(plan_error({32, 8, 128, 16}).find("--memory"), std::string::npos);
   EXPECT_NE(plan_error({32, 8, 128, 16, std::nullopt, int64_t(1) << 60}).find("overflow"), std::string::npos);
-  PlanRequest q{32, 8, 96, 16, std::nullopt, 10};
-  q.v_scales = ScalePermutation::kInterleave4;
-  EXPECT_NE(plan_error(q).find("head dim % 64"), std::string::npos);
-  q.head_dim = 128;
-  q.tokens_per_page = 6;
+  PlanRequest q{32, 8, 128, 6, std::nullopt, 10};
+  q.interleave_v_scales = true;
   EXPECT_NE(plan_error(q).find("tokens per page % 4"), std::string::npos);
-  q.tokens_per_page = 16;
-  EXPECT_EQ(plan(q).layout.layout().region(Region::kVScale).permutation, ScalePermutation::kInterleave4);
+  for (int64_t dim : {96, 128}) {  // TensorRT-LLM's interleave stays in its plane at every head dim
+    q.head_dim = dim;
+    q.tokens_per_page = 16;
+    EXPECT_EQ(plan(q).layout.layout().region(Region::kVScale).token, Mode(4, 1, 4 * dim / 16));
+  }
 }
 
 }  // namespace

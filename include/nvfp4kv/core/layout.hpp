@@ -21,7 +21,8 @@ class LayoutError : public std::runtime_error {
 
 const char* region_name(Region r);          // "k_data", "k_scale", "v_data", "v_scale"
 std::optional<Region> region_from_name(std::string_view name);
-const char* permutation_name(ScalePermutation p);  // "linear", "interleave4"
+// "12" for a plain stride, "(4,_):(1,32)" for a nested mode.
+std::string mode_text(const Mode& m);
 inline constexpr std::array<Region, kRegionCount> kAllRegions = {Region::kKData, Region::kKScale,
                                                                 Region::kVData, Region::kVScale};
 
@@ -40,7 +41,10 @@ struct Layout {
   std::array<RegionMap, kRegionCount> regions{};
 
   const RegionMap& region(Region r) const { return regions[size_t(r)]; }
-  int64_t offset(Region r, const Coord& c) const { return region_offset(region(r), dims.scale_bytes(), c); }
+  int64_t offset(Region r, const Coord& c) const { return region_offset(region(r), c); }
+  TileMap tile(Region r, int64_t layer, int64_t page, int64_t head) const {
+    return tile_of(region(r), layer, page, head);
+  }
   // Layers whose bytes live in the same allocation (1 for per-layer buffers).
   int64_t layers_in(const Buffer& b) const { return b.per_layer ? 1 : dims.layers; }
   // Bytes of all allocations, over all layers.
@@ -50,6 +54,11 @@ struct Layout {
 // "k_data[layer 0, page 0, token 8, head 0, byte 0]" (group instead of byte for scales).
 std::string describe_element(Region r, const Coord& c);
 
+// Rewrites a scale region whose (page, head) plane is linear and contiguous
+// (token stride D/16, column stride 1) into TensorRT-LLM's 4-token interleave
+// of that plane, (t/4)*4*sd + 4g + t%4. Throws LayoutError otherwise.
+void interleave_scale_plane(Layout& layout, Region r);
+
 struct Collision {
   Region a, b;
   Coord coord_a, coord_b;
@@ -58,16 +67,18 @@ struct Collision {
   std::string message() const;
 };
 
-struct RegionAlignment {
-  int vector_bytes = 1;  // widest power-of-two load (<= 16) every row of the region allows
-};
+// Why these sizes cannot describe a cache ("" when they can): layers, pages,
+// tokens per page and heads >= 1, head dim a positive multiple of 16. The one
+// statement of the rule; instantiate, check, plan and the reference use it.
+std::string dims_problem(const CacheDims& d);
+std::string head_dim_problem(int64_t head_dim);
 
 struct CheckReport {
   bool ok = false;
   std::vector<std::string> problems;     // human-readable, the first one is the verdict
   std::optional<Collision> collision;    // the first collision found (see docs/layouts.md)
   std::vector<std::string> colliding_pairs;  // e.g. "k_data/k_scale", within one page cell
-  std::array<RegionAlignment, kRegionCount> alignment{};
+  std::array<RegionAccess, kRegionCount> access{};
   int64_t elements = 0;  // logical elements covered by the proof (all layers, all pages)
   int64_t elements_enumerated = 0;  // elements visited explicitly to prove it
   double seconds = 0;
@@ -138,9 +149,13 @@ struct LayoutSpec {
     bool per_layer = false;
   };
   std::vector<BufferSpec> buffers;
+  // A mode as expressions: a plain stride has inner "1" (docs/layouts.md).
+  struct ModeSpec {
+    std::string inner = "1", inner_stride = "0", stride;
+  };
   struct RegionSpec {
-    std::string buffer, offset, layer, page, token, head, column;
-    ScalePermutation permutation = ScalePermutation::kLinear;
+    std::string buffer, offset, layer, page, head;
+    ModeSpec token, column;
   };
   std::array<RegionSpec, kRegionCount> regions;
 };

@@ -1,7 +1,18 @@
 #pragma once
 // The one place where a logical cache coordinate becomes a byte offset. Host
-// code (validator, CLI, reference store, tests) and device code (store, gather,
-// attention) all call LayoutView::offset; nothing else computes cache offsets.
+// code (validator, CLI, reference, tests) and device code (store, gather,
+// attention) all ask a region map; nothing else computes cache offsets.
+//
+// A region is affine in (layer, page, head); inside one (layer, page, head) tile
+// its (token, column) plane is a sum of two modes. A mode is CuTe's nested
+// shape:stride on one coordinate: x -> (x % inner) * inner_stride + (x / inner) * stride,
+// written "(inner,_):(inner_stride,stride)". A plain stride is the mode with
+// inner = 1. Scale interleaves are modes, not special cases: TensorRT-LLM's
+// 4-token interleave of a (page, head) plane of N x sd bytes is
+//   token (4,_):(1, 4*sd), column 4              -> (t/4)*4*sd + 4g + t%4
+// and FlashInfer/vLLM's spelling of it is
+//   token (4,_):(1, 4*sd), column (sd/4,_):(4, sd) -> ((t/4)*4 + g/(sd/4))*sd + (g%(sd/4))*4 + t%4
+// (equal when sd % 4 == 0; where not, check() proves which of them stays sound).
 #include "nvfp4kv/core/config.hpp"
 
 namespace nvfp4kv {
@@ -12,11 +23,16 @@ inline constexpr int kRegionCount = 4;
 
 NVFP4KV_HD bool is_scale(Region r) { return r == Region::kKScale || r == Region::kVScale; }
 
-// How (token, group) are placed inside one (layer, page, head) scale plane.
-enum class ScalePermutation : uint8_t {
-  kLinear,      // token * token_stride + group * column_stride
-  kInterleave4  // TensorRT-LLM / FlashInfer trtllm-gen: (N/4, sd, 4) order; N % 4 == 0, sd % 4 == 0
+// The two sides of the cache and where each keeps its bytes: the one mapping of
+// K/V to (data region, scale region) that the store, the gather, the attention
+// kernels and the reference all use.
+enum class Side : uint8_t { kK = 0, kV = 1 };
+struct SideRegions {
+  Region data, scale;
 };
+NVFP4KV_HD SideRegions side_regions(Side s) {
+  return s == Side::kK ? SideRegions{Region::kKData, Region::kKScale} : SideRegions{Region::kVData, Region::kVScale};
+}
 
 struct CacheDims {
   int64_t layers = 1;
@@ -29,13 +45,44 @@ struct CacheDims {
   NVFP4KV_HD int64_t columns(Region r) const { return is_scale(r) ? scale_bytes() : data_bytes(); }
 };
 
-// One region as an affine map with strides in bytes. column is the byte j of a
-// data row (elements 2j, 2j+1) or the group g of a scale row.
+// One coordinate's share of an offset (see the top of this file). inner >= 1;
+// strides >= 0 once validated.
+struct Mode {
+  int64_t inner = 1;
+  int64_t inner_stride = 0;
+  int64_t stride = 0;
+  Mode() = default;
+  // A plain stride.
+  NVFP4KV_HD constexpr Mode(int64_t s) : inner(1), inner_stride(0), stride(s) {}  // NOLINT: implicit on purpose
+  NVFP4KV_HD constexpr Mode(int64_t in, int64_t in_stride, int64_t out_stride)
+      : inner(in), inner_stride(in_stride), stride(out_stride) {}
+  NVFP4KV_HD bool is_plain() const { return inner == 1; }
+  template <typename Int>
+  NVFP4KV_HD Int at_as(int64_t x) const {
+    if (inner == 1) return Int(x) * stride;
+    return Int(x % inner) * inner_stride + Int(x / inner) * stride;
+  }
+  NVFP4KV_HD int64_t operator()(int64_t x) const { return at_as<int64_t>(x); }
+  // The coordinate in [0, n) with the largest offset (strides >= 0): the last
+  // one, or the last of the previous inner run when that reaches further.
+  NVFP4KV_HD int64_t argmax(int64_t n) const {
+    const int64_t last = n - 1;
+    if (inner == 1 || last < inner) return last;
+    const int64_t prev = (last / inner) * inner - 1;
+    return at_as<int64_t>(prev) > at_as<int64_t>(last) ? prev : last;
+  }
+  friend bool operator==(const Mode& a, const Mode& b) {
+    return a.inner == b.inner && a.inner_stride == b.inner_stride && a.stride == b.stride;
+  }
+};
+
+// One region: affine in (layer, page, head), modes in (token, column). column
+// is the byte j of a data row (elements 2j, 2j+1) or the group g of a scale row.
 struct RegionMap {
   int32_t buffer = 0;
   int64_t offset = 0;
-  int64_t layer = 0, page = 0, token = 0, head = 0, column = 1;
-  ScalePermutation permutation = ScalePermutation::kLinear;
+  int64_t layer = 0, page = 0, head = 0;
+  Mode token, column = Mode(1);
 };
 
 struct Coord {
@@ -45,19 +92,32 @@ struct Coord {
 // Int is int64_t everywhere except in the validator, which evaluates the same
 // map in 128 bits to prove that no offset overflows before anything uses int64_t.
 template <typename Int>
-NVFP4KV_HD Int region_offset_as(const RegionMap& m, int64_t scale_bytes, const Coord& c) {
-  const Int outer = Int(m.offset) + Int(c.layer) * m.layer + Int(c.page) * m.page + Int(c.head) * m.head;
-  if (m.permutation == ScalePermutation::kInterleave4) {
-    const int64_t q = scale_bytes / 4;  // groups per 4-byte column of the interleave
-    const int64_t pos = ((c.token / 4) * 4 + c.column / q) * scale_bytes + (c.column % q) * 4 + c.token % 4;
-    return outer + Int(pos) * m.column;
-  }
-  return outer + Int(c.token) * m.token + Int(c.column) * m.column;
+NVFP4KV_HD Int region_offset_as(const RegionMap& m, const Coord& c) {
+  return Int(m.offset) + Int(c.layer) * m.layer + Int(c.page) * m.page + Int(c.head) * m.head +
+         m.token.at_as<Int>(c.token) + m.column.at_as<Int>(c.column);
 }
 
-NVFP4KV_HD int64_t region_offset(const RegionMap& m, int64_t scale_bytes, const Coord& c) {
-  return region_offset_as<int64_t>(m, scale_bytes, c);
+NVFP4KV_HD int64_t region_offset(const RegionMap& m, const Coord& c) { return region_offset_as<int64_t>(m, c); }
+
+// One region of one (layer, page, head): its (token, column) plane as data a
+// kernel iterates. offset(t, c) equals region_offset for that coordinate
+// (tests/cpu/test_layout_presets.cpp checks it on every preset).
+struct TileMap {
+  int64_t base = 0;  // byte of (token 0, column 0)
+  Mode token, column;
+  NVFP4KV_HD int64_t offset(int64_t t, int64_t c) const { return base + token(t) + column(c); }
+};
+
+NVFP4KV_HD TileMap tile_of(const RegionMap& m, int64_t layer, int64_t page, int64_t head) {
+  return {m.offset + layer * m.layer + page * m.page + head * m.head, m.token, m.column};
 }
+
+// What the validator proved about how a region may be accessed, beyond soundness.
+struct RegionAccess {
+  int vector_bytes = 1;  // widest power-of-two access (<= 16) every row start allows
+  bool dense_plane = false;  // each (layer, page, head) tile is exactly N x columns contiguous bytes
+  int plane_align = 1;   // power of two (<= 16) dividing every tile's base
+};
 
 class ValidLayout;
 
@@ -68,24 +128,22 @@ class LayoutView {
  public:
   NVFP4KV_HD const CacheDims& dims() const { return dims_; }
   NVFP4KV_HD const RegionMap& region(Region r) const { return regions_[int(r)]; }
-  NVFP4KV_HD int64_t offset(Region r, const Coord& c) const {
-    return region_offset(regions_[int(r)], dims_.scale_bytes(), c);
+  NVFP4KV_HD int64_t offset(Region r, const Coord& c) const { return region_offset(regions_[int(r)], c); }
+  NVFP4KV_HD TileMap tile(Region r, int64_t layer, int64_t page, int64_t head) const {
+    return tile_of(regions_[int(r)], layer, page, head);
   }
-  // Bytes between heads: offset(r, c) for head h is offset(r, c) for head 0 plus
-  // h * head_step(r). The head enters region_offset_as only through its outer,
-  // linear term, for every permutation (tests/cpu/test_layout_presets.cpp checks
-  // the identity on every preset). Kernels walking a token's heads use it.
+  // Bytes between heads: the head enters an offset only through its affine
+  // term, so head h's offset is head 0's plus h * head_step(r), for any mode.
   NVFP4KV_HD int64_t head_step(Region r) const { return regions_[int(r)].head; }
-  // Widest power-of-two access (bytes, <= 16) that every row start of a region
-  // allows; from the validator's alignment report.
-  NVFP4KV_HD int vector_bytes(Region r) const { return vector_bytes_[int(r)]; }
+  NVFP4KV_HD const RegionAccess& access(Region r) const { return access_[int(r)]; }
+  NVFP4KV_HD int vector_bytes(Region r) const { return access_[int(r)].vector_bytes; }
 
  private:
   friend class ValidLayout;
   LayoutView() = default;
   CacheDims dims_;
   RegionMap regions_[kRegionCount];
-  int vector_bytes_[kRegionCount] = {1, 1, 1, 1};
+  RegionAccess access_[kRegionCount];
 };
 
 }  // namespace nvfp4kv

@@ -19,7 +19,7 @@ struct PlanRequest {
   std::optional<int64_t> pages;         // or a page count
   int64_t tp_size = 1, tp_rank = 0;
   bool cross_layer = false;  // one allocation for all layers instead of one per layer
-  ScalePermutation v_scales = ScalePermutation::kLinear;
+  bool interleave_v_scales = false;  // TensorRT-LLM's 4-token interleave of each V-scale plane
 };
 
 struct Plan {
