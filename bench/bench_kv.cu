@@ -8,25 +8,19 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <numeric>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "nvfp4kv/api/kv_cache.hpp"
 #include "nvfp4kv/core/global_scale.hpp"
+#include "nvfp4kv/harness/device_buffer.hpp"
+#include "nvfp4kv/harness/workload.hpp"
 #include "nvfp4kv/reference/cache.hpp"
 
 using namespace nvfp4kv;
-
-#define CHECK_CUDA(call)                                                                    \
-  do {                                                                                      \
-    cudaError_t e_ = (call);                                                                \
-    if (e_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
+using harness::DeviceBuffer;
 
 namespace {
 
@@ -42,20 +36,20 @@ __global__ void stream_read(const uint4* __restrict__ p, size_t n, uint32_t* sin
 template <typename F>
 float median_ms(F&& launch, int reps = 30, int warmup = 5) {
   cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
+  NVFP4KV_CUDA_CHECK(cudaEventCreate(&a));
+  NVFP4KV_CUDA_CHECK(cudaEventCreate(&b));
   for (int i = 0; i < warmup; ++i) launch();
   std::vector<float> t;
   for (int i = 0; i < reps; ++i) {
-    CHECK_CUDA(cudaEventRecord(a));
+    NVFP4KV_CUDA_CHECK(cudaEventRecord(a));
     launch();
-    CHECK_CUDA(cudaEventRecord(b));
-    CHECK_CUDA(cudaEventSynchronize(b));
+    NVFP4KV_CUDA_CHECK(cudaEventRecord(b));
+    NVFP4KV_CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    NVFP4KV_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     t.push_back(ms);
   }
-  CHECK_CUDA(cudaGetLastError());
+  NVFP4KV_CUDA_CHECK(cudaGetLastError());
   std::sort(t.begin(), t.end());
   cudaEventDestroy(a);
   cudaEventDestroy(b);
@@ -77,104 +71,67 @@ void add(const std::string& what, double ms, double bytes) {
   std::fflush(stdout);
 }
 
+void require(const Result& r) {
+  if (!r.ok()) throw Error(r.message);
+}
+
+// A cache filled by one store of `tokens` random rows into whole pages in a
+// shuffled order, as a prefill of many sequences would; checked byte for byte
+// against the CPU reference before anything is timed.
 struct Case {
   ValidLayout layout;
-  std::vector<uint8_t*> buffers;
-  uint16_t *k = nullptr, *v = nullptr;
-  int64_t *slots = nullptr;
-  int32_t *table = nullptr, *cu = nullptr;
-  uint16_t *kout = nullptr, *vout = nullptr;
-  float* scales = nullptr;
+  std::unique_ptr<harness::DeviceCache> cache;
+  std::unique_ptr<DeviceBuffer<uint16_t>> k, v, kout, vout;
+  std::unique_ptr<DeviceBuffer<int64_t>> slots;
+  std::unique_ptr<DeviceBuffer<int32_t>> table, cu;
+  std::unique_ptr<DeviceBuffer<float>> scales;
   int64_t tokens = 0;
-  CacheBuffers bufs() const {
-    CacheBuffers b;
-    for (size_t i = 0; i < buffers.size(); ++i) b.ptr[i] = buffers[i];
-    b.count = int(buffers.size());
-    return b;
+
+  StoreArgs store_args(int64_t n, ScaleRule rule) const {
+    const CacheDims& d = layout.layout().dims;
+    StoreArgs a;
+    a.rows = {k->get(), v->get(), n, d.heads * d.head_dim};
+    a.slots = slots->get();
+    a.slots_are_int64 = true;
+    a.k_global_scale = scales->get();
+    a.v_global_scale = scales->get() + 1;
+    a.rule = rule;
+    return a;
   }
 };
 
-StoreArgs store_args(const Case& c, int64_t tokens, ScaleRule rule) {
-  const CacheDims& d = c.layout.layout().dims;
-  StoreArgs a;
-  a.rows = {c.k, c.v, tokens, d.heads * d.head_dim};
-  a.slots = c.slots;
-  a.slots_are_int64 = true;
-  a.k_global_scale = c.scales;
-  a.v_global_scale = c.scales + 1;
-  a.rule = rule;
-  return a;
-}
-
-// Tokens fill whole pages in shuffled order, as a prefill of many sequences would.
 Case make_case(const char* preset, int64_t tokens, int64_t heads, int64_t dim, uint64_t seed) {
   const int64_t n = 16, pages = (tokens + n - 1) / n + 8;
   Case c{validate(instantiate(preset_spec(preset), {1, pages, n, heads, dim}))};
   c.tokens = tokens;
   const Layout& l = c.layout.layout();
-  for (const Buffer& b : l.buffers) {
-    uint8_t* p;
-    CHECK_CUDA(cudaMalloc(&p, size_t(b.bytes)));
-    CHECK_CUDA(cudaMemset(p, 0x5A, size_t(b.bytes)));
-    c.buffers.push_back(p);
-  }
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 2.0f);
-  const size_t elems = size_t(tokens * heads * dim);
-  std::vector<uint16_t> hk(elems), hv(elems);
-  for (size_t i = 0; i < elems; ++i) {
-    hk[i] = float_to_bf16(nd(rng));
-    hv[i] = float_to_bf16(nd(rng) * 0.5f);
-  }
-  std::vector<int32_t> order(static_cast<size_t>(pages));
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), rng);
-  std::vector<int64_t> slots(static_cast<size_t>(tokens));
-  for (int64_t i = 0; i < tokens; ++i) slots[size_t(i)] = int64_t(order[size_t(i / n)]) * n + i % n;
-  std::vector<int32_t> table(order.begin(), order.begin() + (tokens + n - 1) / n);
-  const std::vector<int32_t> cu = {0, int32_t(tokens)};
-  const float gs[2] = {recommend_global_scale(10.0f), recommend_global_scale(5.0f)};
-  CHECK_CUDA(cudaMalloc(&c.k, elems * 2));
-  CHECK_CUDA(cudaMalloc(&c.v, elems * 2));
-  CHECK_CUDA(cudaMalloc(&c.kout, elems * 2));
-  CHECK_CUDA(cudaMalloc(&c.vout, elems * 2));
-  CHECK_CUDA(cudaMalloc(&c.slots, slots.size() * 8));
-  CHECK_CUDA(cudaMalloc(&c.table, table.size() * 4));
-  CHECK_CUDA(cudaMalloc(&c.cu, 8));
-  CHECK_CUDA(cudaMalloc(&c.scales, 8));
-  CHECK_CUDA(cudaMemcpy(c.k, hk.data(), elems * 2, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(c.v, hv.data(), elems * 2, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(c.slots, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(c.table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(c.cu, cu.data(), 8, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(c.scales, gs, 8, cudaMemcpyHostToDevice));
+  const CacheDims& d = l.dims;
+  c.cache = std::make_unique<harness::DeviceCache>(l, 0x5A);
+  const harness::Rows rows = harness::make_rows(d, tokens, ElementType::kBFloat16, harness::RowPattern::kNormal, seed);
+  const std::vector<int64_t> slots = harness::paged_slots(d, tokens, seed + 1, false);
+  const std::vector<int32_t> table = harness::pages_of(d, slots);
+  const float gs[2] = {recommend_global_scale(rows.k_amax), recommend_global_scale(rows.v_amax)};
+  c.k = std::make_unique<DeviceBuffer<uint16_t>>(DeviceBuffer<uint16_t>::from(rows.k));
+  c.v = std::make_unique<DeviceBuffer<uint16_t>>(DeviceBuffer<uint16_t>::from(rows.v));
+  c.kout = std::make_unique<DeviceBuffer<uint16_t>>(rows.k.size());
+  c.vout = std::make_unique<DeviceBuffer<uint16_t>>(rows.k.size());
+  c.slots = std::make_unique<DeviceBuffer<int64_t>>(DeviceBuffer<int64_t>::from(slots));
+  c.table = std::make_unique<DeviceBuffer<int32_t>>(DeviceBuffer<int32_t>::from(table));
+  c.cu = std::make_unique<DeviceBuffer<int32_t>>(DeviceBuffer<int32_t>::from({0, int32_t(tokens)}));
+  c.scales = std::make_unique<DeviceBuffer<float>>(DeviceBuffer<float>::from({gs[0], gs[1]}));
   // Correctness of exactly what is timed: the cache equals the CPU reference.
   reference::HostCache ref(l, 0x5A);
-  reference::StoreParams sp{{hk.data(), hv.data(), tokens, heads * dim}, ElementType::kBFloat16, slots.data(), 0,
-                            gs[0], gs[1], ScaleRule::kStandard};
-  reference::store(c.layout, ref.buffers, sp);
-  const Result r = store(c.layout, c.bufs(), store_args(c, tokens, ScaleRule::kStandard), nullptr);
-  if (!r.ok()) {
-    std::fprintf(stderr, "store: %s\n", r.message.c_str());
-    std::exit(1);
-  }
-  CHECK_CUDA(cudaDeviceSynchronize());
-  for (size_t b = 0; b < l.buffers.size(); ++b) {
-    std::vector<uint8_t> got(size_t(l.buffers[b].bytes));
-    CHECK_CUDA(cudaMemcpy(got.data(), c.buffers[b], got.size(), cudaMemcpyDeviceToHost));
-    if (got != ref.storage[b]) {
-      std::fprintf(stderr, "%s: GPU cache differs from the reference; not timing it\n", preset);
-      std::exit(1);
-    }
-  }
+  StoreArgs host = c.store_args(tokens, ScaleRule::kStandard);
+  host.rows = {rows.k.data(), rows.v.data(), tokens, rows.stride};
+  host.slots = slots.data();
+  host.k_global_scale = &gs[0];
+  host.v_global_scale = &gs[1];
+  reference::store(c.layout, ref.buffers, host);
+  require(store(c.layout, c.cache->view(), c.store_args(tokens, ScaleRule::kStandard), nullptr));
+  NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+  if (c.cache->download() != ref.storage)
+    throw Error(std::string(preset) + ": GPU cache differs from the reference; not timing it");
   return c;
-}
-
-void free_case(Case& c) {
-  for (uint8_t* p : c.buffers) cudaFree(p);
-  for (void* p : {(void*)c.k, (void*)c.v, (void*)c.kout, (void*)c.vout, (void*)c.slots, (void*)c.table, (void*)c.cu,
-                  (void*)c.scales})
-    cudaFree(p);
 }
 
 double cache_bytes(const Case& c) {
@@ -188,52 +145,54 @@ double row_bytes(const Case& c) {
 
 void bench_store(const char* preset, int64_t tokens, ScaleRule rule, uint64_t seed) {
   Case c = make_case(preset, tokens, 8, 128, seed);
-  const StoreArgs a = store_args(c, tokens, rule);
-  const CacheBuffers b = c.bufs();
-  const float ms = median_ms([&] { store(c.layout, b, a, nullptr); });
+  const StoreArgs a = c.store_args(tokens, rule);
+  const CacheBuffers b = c.cache->view();
+  const float ms = median_ms([&] { require(store(c.layout, b, a, nullptr)); });
   add(std::string("store ") + (rule == ScaleRule::kStandard ? "" : "4over6 ") + std::to_string(tokens) +
           " tok x 8 heads x D128, " + preset,
       ms, row_bytes(c) + cache_bytes(c));
-  free_case(c);
 }
 
 void bench_gather(const char* preset, int64_t tokens, uint64_t seed) {
   Case c = make_case(preset, tokens, 8, 128, seed);
-  GatherArgs g{c.table, (tokens + 15) / 16, c.cu, 1, 0, c.scales, c.scales + 1, ElementType::kBFloat16,
-               c.kout, c.vout, nullptr};
-  const CacheBuffers b = c.bufs();
-  const float ms = median_ms([&] { gather(c.layout, b, g, nullptr); });
+  GatherArgs g;
+  g.batch = {.block_table = c.table->get(), .block_table_stride = int64_t(c.table->size()), .cu_seqlens = c.cu->get(),
+             .batch = 1};
+  g.k_global_scale = c.scales->get();
+  g.v_global_scale = c.scales->get() + 1;
+  g.k_out = c.kout->get();
+  g.v_out = c.vout->get();
+  const CacheBuffers b = c.cache->view();
+  const float ms = median_ms([&] { require(gather(c.layout, b, g, nullptr)); });
   add("gather " + std::to_string(tokens) + " tok x 8 heads x D128 -> bf16, " + preset, ms, row_bytes(c) + cache_bytes(c));
-  free_case(c);
 }
 
 void bench_decode_store(int64_t tokens) {
   Case c = make_case("nvfp4kv-native", 65536, 8, 128, 77);
-  const StoreArgs a = store_args(c, tokens, ScaleRule::kStandard);
-  const CacheBuffers b = c.bufs();
+  const StoreArgs a = c.store_args(tokens, ScaleRule::kStandard);
+  const CacheBuffers b = c.cache->view();
   // One launch per step: graph-captured 100 steps, time per step.
   cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreate(&s));
+  NVFP4KV_CUDA_CHECK(cudaStreamCreate(&s));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < 100; ++i) store(c.layout, b, a, s);
-  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  const float ms = median_ms([&] { CHECK_CUDA(cudaGraphLaunch(exec, s)); CHECK_CUDA(cudaStreamSynchronize(s)); }) / 100;
-  const float eager = median_ms([&] { store(c.layout, b, a, nullptr); });
+  NVFP4KV_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < 100; ++i) require(store(c.layout, b, a, s));
+  NVFP4KV_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  NVFP4KV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const float ms = median_ms([&] { NVFP4KV_CUDA_CHECK(cudaGraphLaunch(exec, s)); NVFP4KV_CUDA_CHECK(cudaStreamSynchronize(s)); }) / 100;
+  const float eager = median_ms([&] { require(store(c.layout, b, a, nullptr)); });
   c.tokens = tokens;
   add("decode-step store, " + std::to_string(tokens) + " tok (1 launch), graph replay", ms, row_bytes(c) + cache_bytes(c));
   add("decode-step store, " + std::to_string(tokens) + " tok (1 launch), eager + event", eager, row_bytes(c) + cache_bytes(c));
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(s);
-  free_case(c);
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const char* md = nullptr;
   bool profile_only = false;  // --profile: just the 65536-token store and gather, for ncu
   bool quick = false;         // --quick: ceilings, store and gather at 16384 and 65536 tokens, decode step
@@ -252,7 +211,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  NVFP4KV_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs, %.0f MB L2\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6);
   if (profile_only) {
     bench_store("nvfp4kv-native", 65536, ScaleRule::kStandard, 2);
@@ -263,17 +222,17 @@ int main(int argc, char** argv) {
   const size_t big = size_t(2) << 30;
   uint8_t *src, *dst;
   uint32_t* sink;
-  CHECK_CUDA(cudaMalloc(&src, big));
-  CHECK_CUDA(cudaMalloc(&dst, big));
-  CHECK_CUDA(cudaMalloc(&sink, 4));
+  NVFP4KV_CUDA_CHECK(cudaMalloc(&src, big));
+  NVFP4KV_CUDA_CHECK(cudaMalloc(&dst, big));
+  NVFP4KV_CUDA_CHECK(cudaMalloc(&sink, 4));
   {
     std::vector<uint8_t> h(size_t(64) << 20);
     std::mt19937_64 rng(3);
     for (auto& x : h) x = uint8_t(rng());
-    for (size_t o = 0; o < big; o += h.size()) CHECK_CUDA(cudaMemcpy(src + o, h.data(), h.size(), cudaMemcpyHostToDevice));
+    for (size_t o = 0; o < big; o += h.size()) NVFP4KV_CUDA_CHECK(cudaMemcpy(src + o, h.data(), h.size(), cudaMemcpyHostToDevice));
   }
   const float read_ms = median_ms([&] { stream_read<<<prop.multiProcessorCount * 8, 512>>>(reinterpret_cast<const uint4*>(src), big / 16, sink); });
-  const float copy_ms = median_ms([&] { CHECK_CUDA(cudaMemcpyAsync(dst, src, big, cudaMemcpyDeviceToDevice)); });
+  const float copy_ms = median_ms([&] { NVFP4KV_CUDA_CHECK(cudaMemcpyAsync(dst, src, big, cudaMemcpyDeviceToDevice)); });
   add("ceiling: streaming read, 16-B loads, 2 GiB", read_ms, double(big));
   add("ceiling: device copy 2 GiB (read + write counted)", copy_ms, 2.0 * double(big));
   copy_tbs = rows.back().tbs;
@@ -305,4 +264,13 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nvfp4kv_bench: %s\n", e.what());
+    return 1;
+  }
 }

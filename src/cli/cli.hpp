@@ -1,5 +1,6 @@
 #pragma once
 // Small argument handling shared by the subcommands: they validate and forward.
+#include <iosfwd>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "nvfp4kv/core/layout.hpp"
+#include "nvfp4kv/harness/roundtrip.hpp"
 
 namespace nvfp4kv::cli {
 
@@ -37,5 +39,8 @@ DimsOverride dims_from(const Args& args);
 int run_demo(const std::vector<std::string>& argv);
 int run_layout(const std::vector<std::string>& argv);
 int run_roundtrip(const std::vector<std::string>& argv);
+
+// The round trip's table; returns whether it passed.
+bool print_roundtrip(const harness::RoundtripReport& report, std::ostream& out);
 
 }  // namespace nvfp4kv::cli

@@ -9,27 +9,10 @@
 #include "nvfp4kv/core/global_scale.hpp"
 #include "nvfp4kv/reference/cache.hpp"
 #include "nvfp4kv/reference/quantize.hpp"
-#include "roundtrip.hpp"
+#include "nvfp4kv/harness/workload.hpp"
 
 namespace nvfp4kv::cli {
 namespace {
-
-// A (tokens, 8, 128) tensor shaped like one layer of a Llama-3-8B-class model:
-// Student-t values (heavy tails), per-channel spreads, and in K a few outlier
-// channels an order of magnitude larger, as real key caches have.
-std::vector<float> synthetic_kv(int64_t tokens, int64_t heads, int64_t dim, bool keys, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::student_t_distribution<float> t(4.0f);
-  std::lognormal_distribution<float> spread(0.0f, 0.5f);
-  std::vector<float> channel(size_t(heads * dim));
-  for (float& c : channel) c = spread(rng);
-  if (keys)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t c : {3, 37, 70, 101}) channel[size_t(h * dim + c)] *= 12.0f;
-  std::vector<float> x(size_t(tokens * heads * dim));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = t(rng) * channel[i % channel.size()] * (keys ? 1.0f : 0.5f);
-  return x;
-}
 
 void report_row(const std::string& name, const reference::ErrorStats& e, double bytes_per_token) {
   std::cout << "  " << std::left << std::setw(30) << name << std::right << std::setw(10) << std::fixed
@@ -54,7 +37,7 @@ int run_demo(const std::vector<std::string>& argv) {
             << "max |err|" << std::setw(14) << "bytes/token" << "\n";
   const reference::DenseShape shape{tokens, kHeads, kDim};
   for (bool keys : {true, false}) {
-    const auto x = synthetic_kv(tokens, kHeads, kDim, keys, seed + (keys ? 0 : 1));
+    const auto x = harness::realistic_kv(tokens, kHeads, kDim, keys, seed + (keys ? 0 : 1));
     float amax = 0;
     for (float v : x) amax = std::max(amax, std::fabs(v));
     const std::string side = keys ? "K " : "V ";
@@ -101,7 +84,7 @@ int run_demo(const std::vector<std::string>& argv) {
     const DimsOverride dims{1, pages, 16, kHeads, kDim};
     const ValidLayout writer = validate(instantiate(preset_spec("flashinfer-trtllm-gen-hnd"), dims));
     const ValidLayout reader = validate(instantiate(preset_spec("flashinfer-hnd"), dims));
-    const auto v = synthetic_kv(tokens, kHeads, kDim, false, seed + 1);
+    const auto v = harness::realistic_kv(tokens, kHeads, kDim, false, seed + 1);
     float amax = 0;
     for (float x : v) amax = std::max(amax, std::fabs(x));
     const float gs = recommend_global_scale(amax);
@@ -110,12 +93,19 @@ int run_demo(const std::vector<std::string>& argv) {
     for (int64_t i = 0; i < tokens; ++i) slots[size_t(i)] = i;
     for (int64_t p = 0; p < pages; ++p) table[size_t(p)] = int32_t(p);
     reference::HostCache cache(writer.layout(), 0);
-    reference::store(writer, cache.buffers,
-                     {{v.data(), v.data(), tokens, kHeads * kDim}, ElementType::kFloat32, slots.data(), 0, gs, gs,
-                      ScaleRule::kStandard});
-    const reference::GatherParams gp{table.data(), tokens, 0, gs, gs};
-    const double ok = reference::error_stats(v, reference::gather(writer, cache.buffers, gp).v).rel_l2;
-    const double bad = reference::error_stats(v, reference::gather(reader, cache.buffers, gp).v).rel_l2;
+    StoreArgs store;
+    store.rows = {v.data(), v.data(), tokens, kHeads * kDim};
+    store.type = ElementType::kFloat32;
+    store.slots = slots.data();
+    store.slots_are_int64 = true;
+    store.k_global_scale = &gs;
+    store.v_global_scale = &gs;
+    reference::store(writer, cache.buffers, store);
+    const auto read_v = [&](const ValidLayout& as) {
+      return reference::gather_sequence(as, cache.buffers, table, tokens, 0, gs, gs).v;
+    };
+    const double ok = reference::error_stats(v, read_v(writer)).rel_l2;
+    const double bad = reference::error_stats(v, read_v(reader)).rel_l2;
     std::cout << "   V written with FlashInfer's trtllm-gen swizzled scales, read back (CPU reference):\n"
               << "     by the writer's own layout          rel L2 " << std::setprecision(3) << ok << "\n"
               << "     by a reader expecting linear scales rel L2 " << bad
@@ -126,10 +116,10 @@ int run_demo(const std::vector<std::string>& argv) {
 
   std::cout << "3. A round trip through nvfp4kv's native layout (64 pages x 16 tokens, 8 heads, D 128)\n";
   const ValidLayout native = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 64, 16, 8, 128}));
-  RoundtripOptions opt;
+  harness::RoundtripOptions opt;
   opt.seed = seed;
   opt.use_gpu = !a.flag("cpu-only");
-  const bool ok = roundtrip(native, opt, std::cout);
+  const bool ok = print_roundtrip(harness::roundtrip(native, opt), std::cout);
   std::cout << "\nNext: nvfp4kv layout presets | nvfp4kv layout check <your layout.json> | nvfp4kv roundtrip --layout ...\n";
   return ok ? 0 : 1;
 }

@@ -284,8 +284,10 @@ void check_structure(const Layout& layout, CheckReport& rep) {
                                {m.column.inner_stride, "inner column"}})
       need(stride >= 0, rn + " has a negative " + dim + " stride " + std::to_string(stride) +
                             "; describe the buffer from its lowest address with strides >= 0");
-    for (auto [mode, dim] : {std::pair{&m.token, "token"}, {&m.column, "column"}})
-      need(mode->inner >= 1, rn + ": the " + dim + " mode's inner extent must be >= 1, got " + std::to_string(mode->inner));
+    for (auto [mode, dim, extent] : {std::tuple{&m.token, "token", d.tokens_per_page}, {&m.column, "column", d.columns(r)}})
+      need(mode->inner >= 1 && mode->inner <= std::max<int64_t>(extent, 1),
+           rn + ": the " + dim + " mode's inner extent must be in [1, " + std::to_string(extent) + "] (the " + dim +
+               "s it splits), got " + std::to_string(mode->inner));
     need(!(b.per_layer && m.layer != 0), rn + " lives in per-layer buffer \"" + b.name +
                                              "\" but has a layer stride; a per-layer buffer holds one layer");
   }

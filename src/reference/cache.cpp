@@ -1,14 +1,15 @@
 #include "nvfp4kv/reference/cache.hpp"
 
-#include <stdexcept>
+#include <cmath>
+#include <limits>
 #include <string>
-
-#include "nvfp4kv/core/global_scale.hpp"
 
 namespace nvfp4kv::reference {
 
 HostCache::HostCache(const Layout& layout, uint8_t fill) {
-  if (layout.buffers.size() > size_t(kMaxBuffers)) throw std::invalid_argument("HostCache: too many buffers");
+  if (layout.buffers.size() > size_t(kMaxBuffers))
+    throw ArgumentError("HostCache: the layout has " + std::to_string(layout.buffers.size()) +
+                        " buffers, at most " + std::to_string(kMaxBuffers) + " are supported");
   for (const Buffer& b : layout.buffers) storage.emplace_back(size_t(b.bytes), fill);
   for (size_t i = 0; i < storage.size(); ++i) buffers.ptr[i] = storage[i].data();
   buffers.count = int(storage.size());
@@ -16,89 +17,130 @@ HostCache::HostCache(const Layout& layout, uint8_t fill) {
 
 namespace {
 
-void require_buffers(const Layout& l, const CacheBuffers& b, int64_t layer, const char* who) {
-  if (b.count != int(l.buffers.size()))
-    throw std::invalid_argument(std::string(who) + ": layout has " + std::to_string(l.buffers.size()) +
-                                " buffers, got " + std::to_string(b.count));
-  if (layer < 0 || layer >= l.dims.layers)
-    throw std::invalid_argument(std::string(who) + ": layer " + std::to_string(layer) + " outside [0, " +
-                                std::to_string(l.dims.layers) + ")");
+void require(const std::string& problem, const char* who) {
+  if (!problem.empty()) throw ArgumentError(std::string(who) + ": " + problem);
+}
+
+void count(DeviceStatus* s, unsigned long long DeviceStatus::*field, unsigned long long n = 1) {
+  if (s) s->*field += n;
+}
+
+void write_element(void* out, int64_t index, ElementType type, float x) {
+  switch (type) {
+    case ElementType::kFloat32: static_cast<float*>(out)[index] = x; break;
+    case ElementType::kBFloat16: static_cast<uint16_t*>(out)[index] = float_to_bf16(x); break;
+    default: static_cast<uint16_t*>(out)[index] = float_to_fp16(x); break;
+  }
 }
 
 }  // namespace
 
-StoreCounts store(const ValidLayout& valid, const CacheBuffers& buffers, const StoreParams& p) {
+void store(const ValidLayout& valid, const CacheBuffers& buffers, const StoreArgs& a) {
+  require(store_problem(valid, buffers, a), "reference::store");
   const Layout& l = valid.layout();
   const CacheDims& d = l.dims;
-  require_buffers(l, buffers, p.layer, "reference::store");
-  require_valid_global_scale(p.k_global_scale, "reference::store K");
-  require_valid_global_scale(p.v_global_scale, "reference::store V");
-  if (p.rows.token_stride < d.heads * d.head_dim)
-    throw std::invalid_argument("reference::store: token stride smaller than heads * head_dim");
-  StoreCounts counts;
   const int64_t capacity = d.pages * d.tokens_per_page;
-  for (int64_t i = 0; i < p.rows.tokens; ++i) {
-    const int64_t slot = p.slots[i];
+  const float kgs = *a.k_global_scale, vgs = *a.v_global_scale;
+  for (int64_t i = 0; i < a.rows.tokens; ++i) {
+    const int64_t slot = a.slot(i);
     if (slot < 0) {
-      ++counts.padding;
+      count(a.status, &DeviceStatus::padding);
       continue;
     }
     if (slot >= capacity) {
-      ++counts.out_of_range;
+      count(a.status, &DeviceStatus::out_of_range);
       continue;
     }
-    ++counts.stored;
-    for (int side = 0; side < 2; ++side) {
-      const void* src = side == 0 ? p.rows.k : p.rows.v;
-      const float gs = side == 0 ? p.k_global_scale : p.v_global_scale;
-      const Region data = side == 0 ? Region::kKData : Region::kVData;
-      const Region scale = side == 0 ? Region::kKScale : Region::kVScale;
+    if (!global_scale_usable(kgs) || !global_scale_usable(vgs)) {  // as the kernel: write nothing, count
+      count(a.status, &DeviceStatus::bad_global_scale);
+      continue;
+    }
+    count(a.status, &DeviceStatus::stored);
+    for (Side side : {Side::kK, Side::kV}) {
+      const SideRegions reg = side_regions(side);
+      const float gs = *a.global_scale(side);
       for (int64_t h = 0; h < d.heads; ++h)
         for (int64_t g = 0; g < d.scale_bytes(); ++g) {
           float x[kBlockSize];
           for (int e = 0; e < kBlockSize; ++e)
-            x[e] = element_to_float(src, i * p.rows.token_stride + h * d.head_dim + g * kBlockSize + e, p.type);
-          const QuantizedBlock q = quantize_block(x, gs, p.rule);
-          counts.non_finite += q.non_finite;
-          Coord c{p.layer, slot / d.tokens_per_page, slot % d.tokens_per_page, h, g};
-          *element_address(l, buffers, scale, c) = q.scale;
+            x[e] = element_to_float(a.rows.side(side), i * a.rows.token_stride + h * d.head_dim + g * kBlockSize + e,
+                                    a.type);
+          const QuantizedBlock q = quantize_block(x, gs, a.rule);
+          count(a.status, &DeviceStatus::non_finite, q.non_finite);
+          Coord c{a.layer, slot / d.tokens_per_page, slot % d.tokens_per_page, h, g};
+          *element_address(l, buffers, reg.scale, c) = q.scale;
           for (int j = 0; j < kBlockSize / 2; ++j) {
             c.column = g * (kBlockSize / 2) + j;
-            *element_address(l, buffers, data, c) = q.packed[j];
+            *element_address(l, buffers, reg.data, c) = q.packed[j];
           }
         }
     }
   }
-  return counts;
 }
 
-GatheredKv gather(const ValidLayout& valid, const CacheBuffers& buffers, const GatherParams& p) {
+void gather(const ValidLayout& valid, const CacheBuffers& buffers, const GatherArgs& a) {
+  require(gather_problem(valid, buffers, a), "reference::gather");
   const Layout& l = valid.layout();
   const CacheDims& d = l.dims;
-  require_buffers(l, buffers, p.layer, "reference::gather");
-  GatheredKv out;
-  out.k.resize(size_t(p.tokens * d.heads * d.head_dim));
-  out.v.resize(out.k.size());
-  for (int64_t i = 0; i < p.tokens; ++i) {
-    const int64_t page = p.block_table[i / d.tokens_per_page];
-    if (page < 0 || page >= d.pages)
-      throw std::invalid_argument("reference::gather: block table entry " + std::to_string(page) + " outside [0, " +
-                                  std::to_string(d.pages) + ")");
-    for (int side = 0; side < 2; ++side) {
-      const float gs = side == 0 ? p.k_global_scale : p.v_global_scale;
-      const Region data = side == 0 ? Region::kKData : Region::kVData;
-      const Region scale = side == 0 ? Region::kKScale : Region::kVScale;
-      std::vector<float>& dst = side == 0 ? out.k : out.v;
-      for (int64_t h = 0; h < d.heads; ++h)
-        for (int64_t e = 0; e < d.head_dim; ++e) {
-          const Coord cd{p.layer, page, i % d.tokens_per_page, h, e / 2};
-          const Coord cs{p.layer, page, i % d.tokens_per_page, h, e / kBlockSize};
-          const uint8_t byte = *element_address(l, buffers, data, cd);
-          const uint8_t sf = *element_address(l, buffers, scale, cs);
-          dst[size_t((i * d.heads + h) * d.head_dim + e)] = dequantize_element(byte, int(e % 2), sf, gs);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const bool scales_ok = global_scale_usable(*a.k_global_scale) && global_scale_usable(*a.v_global_scale);
+  const int64_t row = d.heads * d.head_dim;
+  const auto fill_nan = [&](Side side, int64_t first_row, int64_t rows) {
+    for (int64_t e = 0; e < rows * row; ++e) write_element(a.out(side), first_row * row + e, a.out_type, nan);
+  };
+  for (int64_t s = 0; s < a.batch.batch; ++s) {
+    const SequenceLength len = sequence_length(a.batch, s, d.tokens_per_page);
+    const int64_t begin = a.batch.first_row(s);
+    if (len.bad) {
+      count(a.status, &DeviceStatus::bad_lengths);
+      const int64_t beyond = a.batch.raw_length(s) - len.tokens;
+      if (beyond > 0)
+        for (Side side : {Side::kK, Side::kV}) fill_nan(side, begin + len.tokens, beyond);
+    }
+    for (int64_t first = 0, entry = 0; first < len.tokens; first += d.tokens_per_page, ++entry) {
+      const int64_t tokens = std::min(d.tokens_per_page, len.tokens - first);
+      const int64_t page = page_of(a.batch, s, entry, d.pages);
+      if (page < 0 || !scales_ok) count(a.status, page < 0 ? &DeviceStatus::bad_pages : &DeviceStatus::bad_global_scale,
+                                        (unsigned long long)tokens);
+      for (Side side : {Side::kK, Side::kV}) {
+        const float gs = *a.global_scale(side);
+        if (page < 0 || !global_scale_usable(gs)) {  // never read outside the cache or with a broken scale
+          fill_nan(side, begin + first, tokens);
+          continue;
         }
+        const SideRegions reg = side_regions(side);
+        for (int64_t t = 0; t < tokens; ++t)
+          for (int64_t h = 0; h < d.heads; ++h)
+            for (int64_t e = 0; e < d.head_dim; ++e) {
+              const Coord cd{a.layer, page, t, h, e / 2};
+              const Coord cs{a.layer, page, t, h, e / kBlockSize};
+              const uint8_t byte = *element_address(l, buffers, reg.data, cd);
+              const uint8_t sf = *element_address(l, buffers, reg.scale, cs);
+              write_element(a.out(side), (begin + first + t) * row + h * d.head_dim + e, a.out_type,
+                            dequantize_element(byte, int(e % 2), sf, gs));
+            }
+      }
     }
   }
+}
+
+GatheredKv gather_sequence(const ValidLayout& layout, const CacheBuffers& buffers, const std::vector<int32_t>& pages,
+                           int64_t tokens, int64_t layer, float k_global_scale, float v_global_scale) {
+  const CacheDims& d = layout.layout().dims;
+  GatheredKv out;
+  out.k.resize(size_t(tokens * d.heads * d.head_dim));
+  out.v.resize(out.k.size());
+  const int32_t cu[2] = {0, int32_t(tokens)};
+  GatherArgs a;
+  a.batch = {.block_table = pages.data(), .block_table_stride = std::max<int64_t>(1, int64_t(pages.size())),
+             .cu_seqlens = cu, .batch = 1};
+  a.layer = layer;
+  a.k_global_scale = &k_global_scale;
+  a.v_global_scale = &v_global_scale;
+  a.out_type = ElementType::kFloat32;
+  a.k_out = out.k.data();
+  a.v_out = out.v.data();
+  gather(layout, buffers, a);
   return out;
 }
 

@@ -1,8 +1,10 @@
 #include "nvfp4kv/reference/quantize.hpp"
 
 #include <cmath>
-#include <stdexcept>
 #include <string>
+
+#include "nvfp4kv/core/error.hpp"
+#include "nvfp4kv/core/layout.hpp"
 
 #include "nvfp4kv/core/global_scale.hpp"
 
@@ -10,9 +12,10 @@ namespace nvfp4kv::reference {
 
 QuantizedTensor quantize(const void* input, ElementType type, DenseShape shape, float global_scale,
                          ScaleRule rule) {
-  if (shape.tokens < 0 || shape.heads <= 0 || shape.head_dim <= 0 || shape.head_dim % kBlockSize != 0)
-    throw std::invalid_argument("reference::quantize: need heads > 0 and head_dim a positive multiple of 16, got heads " +
-                                std::to_string(shape.heads) + ", head_dim " + std::to_string(shape.head_dim));
+  if (shape.tokens < 0 || shape.heads <= 0)
+    throw ArgumentError("reference::quantize: need tokens >= 0 and heads > 0, got tokens " +
+                        std::to_string(shape.tokens) + ", heads " + std::to_string(shape.heads));
+  if (const std::string p = head_dim_problem(shape.head_dim); !p.empty()) throw ArgumentError("reference::quantize: " + p);
   require_valid_global_scale(global_scale, "reference::quantize");
   QuantizedTensor q;
   q.shape = shape;
@@ -38,7 +41,7 @@ std::vector<float> dequantize(const QuantizedTensor& q, float global_scale) {
 }
 
 ErrorStats error_stats(const std::vector<float>& reference, const std::vector<float>& approx) {
-  if (reference.size() != approx.size()) throw std::invalid_argument("error_stats: size mismatch");
+  if (reference.size() != approx.size()) throw ArgumentError("error_stats: size mismatch");
   double num = 0, den = 0, mx = 0;
   for (size_t i = 0; i < reference.size(); ++i) {
     const double d = double(approx[i]) - double(reference[i]);

@@ -261,7 +261,7 @@ TEST(Block, ReconstructionErrorIsAtMostHalfAStepTimesTheBlockScale) {
 TEST(GlobalScale, ConventionsConvertToTheDequantMultiplier) {
   EXPECT_EQ(recommend_global_scale(2688.0f), 1.0f);
   EXPECT_EQ(recommend_global_scale(0.0f), 1.0f);
-  EXPECT_THROW(recommend_global_scale(std::numeric_limits<float>::infinity()), std::invalid_argument);
+  EXPECT_THROW(recommend_global_scale(std::numeric_limits<float>::infinity()), ArgumentError);
   EXPECT_EQ(global_scale_from_flashinfer(4.0f), 0.25f);
   EXPECT_EQ(global_scale_from_trtllm_orig_quant(8.0f), 0.125f);
   EXPECT_EQ(global_scale_from_trtllm_quant_orig(0.125f), 0.125f);
@@ -272,9 +272,9 @@ TEST(GlobalScale, ConventionsConvertToTheDequantMultiplier) {
   EXPECT_EQ(quantize_block(x, recommend_global_scale(100.0f), ScaleRule::kStandard).scale, 0x7E);
   // amax/448 caps the largest block scale at 448 / 6 = 74.7 -> e4m3 72.
   EXPECT_EQ(e4m3_decode(quantize_block(x, 100.0f / 448.0f, ScaleRule::kStandard).scale), 72.0f);
-  EXPECT_THROW(require_valid_global_scale(0.0f, "t"), std::invalid_argument);
-  EXPECT_THROW(require_valid_global_scale(1e-45f, "t"), std::invalid_argument);
-  EXPECT_THROW(require_valid_global_scale(3e-31f, "t"), std::invalid_argument);  // below 2^-100
+  EXPECT_THROW(require_valid_global_scale(0.0f, "t"), ArgumentError);
+  EXPECT_THROW(require_valid_global_scale(1e-45f, "t"), ArgumentError);
+  EXPECT_THROW(require_valid_global_scale(3e-31f, "t"), ArgumentError);  // below 2^-100
   EXPECT_NO_THROW(require_valid_global_scale(kMinGlobalScale, "t"));
   EXPECT_NO_THROW(require_valid_global_scale(kMaxGlobalScale, "t"));
   EXPECT_EQ(recommend_global_scale(1e-35f), kMinGlobalScale);  // clamped into the usable range

@@ -32,11 +32,12 @@ TEST(Mismatch, SwizzledVScalesReadAsLinearAreGarbage) {
   reference::HostCache cache(writer.layout(), 0);
   const float gs = recommend_global_scale(40.0f);
   reference::store(writer, cache.buffers,
-                   {{k.data(), v.data(), tokens, row}, ElementType::kFloat32, slots.data(), 0, gs, gs, ScaleRule::kStandard});
+                   {.rows = {k.data(), v.data(), tokens, row}, .type = ElementType::kFloat32, .slots = slots.data(),
+                    .slots_are_int64 = true, .k_global_scale = &gs, .v_global_scale = &gs});
   std::vector<int32_t> table(8);
   for (int32_t p = 0; p < 8; ++p) table[size_t(p)] = p;
-  const auto right = reference::gather(writer, cache.buffers, {table.data(), tokens, 0, gs, gs});
-  const auto wrong = reference::gather(reader, cache.buffers, {table.data(), tokens, 0, gs, gs});
+  const auto right = reference::gather_sequence(writer, cache.buffers, table, tokens, 0, gs, gs);
+  const auto wrong = reference::gather_sequence(reader, cache.buffers, table, tokens, 0, gs, gs);
   const double ok = reference::error_stats(v, right.v).rel_l2, bad = reference::error_stats(v, wrong.v).rel_l2;
   EXPECT_LT(ok, 0.15);   // normal NVFP4 error
   EXPECT_GT(bad, 0.5);   // the doc reports 0.76-0.79 for this mistake

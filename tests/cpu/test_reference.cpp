@@ -43,9 +43,9 @@ TEST(Reference, QuantizeMatchesBlockwiseAndDtypesAgree) {
 
 TEST(Reference, RejectsBadShapesAndScales) {
   float x[32] = {};
-  EXPECT_THROW(quantize(x, ElementType::kFloat32, {1, 1, 24}, 1.0f, ScaleRule::kStandard), std::invalid_argument);
-  EXPECT_THROW(quantize(x, ElementType::kFloat32, {1, 1, 16}, 0.0f, ScaleRule::kStandard), std::invalid_argument);
-  EXPECT_THROW(quantize(x, ElementType::kFloat32, {1, 1, 16}, -1.0f, ScaleRule::kStandard), std::invalid_argument);
+  EXPECT_THROW(quantize(x, ElementType::kFloat32, {1, 1, 24}, 1.0f, ScaleRule::kStandard), ArgumentError);
+  EXPECT_THROW(quantize(x, ElementType::kFloat32, {1, 1, 16}, 0.0f, ScaleRule::kStandard), ArgumentError);
+  EXPECT_THROW(quantize(x, ElementType::kFloat32, {1, 1, 16}, -1.0f, ScaleRule::kStandard), ArgumentError);
 }
 
 TEST(Reference, CountsNonFiniteInputs) {

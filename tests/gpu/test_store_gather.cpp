@@ -1,45 +1,25 @@
 // Store and gather on the GPU, bit for bit against the CPU reference, through
 // every sound preset and the native layout. Skipped, with a message, without a GPU.
-#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <random>
 
 #include "nvfp4kv/api/kv_cache.hpp"
 #include "nvfp4kv/core/global_scale.hpp"
+#include "nvfp4kv/harness/device_buffer.hpp"
+#include "nvfp4kv/harness/workload.hpp"
 #include "nvfp4kv/reference/cache.hpp"
 
 namespace nvfp4kv {
 namespace {
 
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+using harness::DeviceBuffer;
+using harness::DeviceCache;
 
 constexpr uint8_t kPoison = 0x5A;
-
-template <typename T = uint8_t>
-struct DeviceArray {
-  T* ptr = nullptr;
-  size_t count = 0;
-  explicit DeviceArray(size_t n) : count(n) {
-    void* p = nullptr;
-    ptr = cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)) == cudaSuccess ? static_cast<T*>(p) : nullptr;
-  }
-  ~DeviceArray() { cudaFree(ptr); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray(DeviceArray&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr; }
-  std::vector<T> to_host() const {
-    std::vector<T> h(count);
-    cudaMemcpy(h.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-  static DeviceArray from(const std::vector<T>& h) {
-    DeviceArray d(h.size());
-    cudaMemcpy(d.ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-    return d;
-  }
-};
 
 class Gpu : public ::testing::Test {
  protected:
@@ -49,204 +29,136 @@ class Gpu : public ::testing::Test {
   }
 };
 
-struct Rows {
-  std::vector<uint16_t> k, v;
-  int64_t stride = 0;
-};
-
-// Random rows, or structured ones where group g of each row has magnitude g + 1
-// (so a scale placed at the wrong group shows as a wrong magnitude).
-Rows make_rows(const CacheDims& d, int64_t tokens, ElementType type, bool structured, std::mt19937_64& rng) {
-  Rows r;
-  r.stride = d.heads * d.head_dim + 8;  // a free token stride, 16-byte aligned
-  r.k.assign(size_t(tokens * r.stride), 0xFFFF);
-  r.v = r.k;
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  std::uniform_real_distribution<float> u(0.5f, 1.0f);
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t e = 0; e < d.heads * d.head_dim; ++e) {
-      const float g = float((e % d.head_dim) / 16 + 1);
-      float kx = structured ? (rng() & 1 ? -g : g) * u(rng) : n(rng) * 3.0f;
-      float vx = structured ? (rng() & 1 ? -g : g) * u(rng) * 0.5f : n(rng) * std::exp(n(rng));
-      const auto conv = [&](float x) { return type == ElementType::kBFloat16 ? float_to_bf16(x) : float_to_fp16(x); };
-      r.k[size_t(t * r.stride + e)] = conv(kx);
-      r.v[size_t(t * r.stride + e)] = conv(vx);
-    }
-  return r;
+bool same_status(const DeviceStatus& a, const DeviceStatus& b) {
+  return a.stored == b.stored && a.padding == b.padding && a.out_of_range == b.out_of_range &&
+         a.non_finite == b.non_finite && a.bad_pages == b.bad_pages && a.bad_global_scale == b.bad_global_scale &&
+         a.bad_lengths == b.bad_lengths;
 }
 
-// Store arguments for bf16 rows (tokens, heads * D contiguous) with int64 slots and
-// K/V global scales at scales[0], scales[1].
-StoreArgs bf16_store_args(const uint16_t* rows, int64_t tokens, int64_t row, const int64_t* slots, const float* scales,
-                          DeviceStatus* status = nullptr) {
-  StoreArgs a;
-  a.rows = {rows, rows, tokens, row};
-  a.slots = slots;
-  a.slots_are_int64 = true;
-  a.k_global_scale = scales;
-  a.v_global_scale = scales + 1;
-  a.status = status;
-  return a;
+std::string status_text(const DeviceStatus& s) {
+  return "stored " + std::to_string(s.stored) + ", padding " + std::to_string(s.padding) + ", out of range " +
+         std::to_string(s.out_of_range) + ", non-finite " + std::to_string(s.non_finite) + ", bad pages " +
+         std::to_string(s.bad_pages) + ", bad global scale " + std::to_string(s.bad_global_scale) + ", bad lengths " +
+         std::to_string(s.bad_lengths);
 }
 
 struct Outcome {
-  StoreCounts cpu;
-  DeviceStatus gpu;
+  DeviceStatus cpu, gpu;
 };
 
-// Stores through the layout on both sides, compares every byte of every buffer
-// (rows written and poison left alone), then gathers and compares bit for bit.
+// Stores the same rows through the layout on both sides and compares every byte
+// of every buffer (rows written and poison left alone), then gathers the touched
+// pages as one sequence on both sides and compares bit for bit.
 void store_and_gather(const ValidLayout& valid, int64_t layer, const std::vector<int64_t>& slots, ElementType type,
-                      ScaleRule rule, bool structured, bool int64_slots, uint64_t seed, Outcome* outcome = nullptr) {
+                      ScaleRule rule, harness::RowPattern pattern, bool int64_slots, uint64_t seed,
+                      Outcome* outcome = nullptr) {
   const Layout& l = valid.layout();
   const CacheDims& d = l.dims;
-  std::mt19937_64 rng(seed);
   const int64_t tokens = int64_t(slots.size());
-  const Rows rows = make_rows(d, tokens, type, structured, rng);
-  const float kgs = recommend_global_scale(structured ? float(d.head_dim / 16) : 12.0f);
-  const float vgs = recommend_global_scale(structured ? float(d.head_dim / 32) : 20.0f);
-
-  reference::HostCache cpu(l, kPoison);
-  reference::StoreParams sp{{rows.k.data(), rows.v.data(), tokens, rows.stride}, type, slots.data(), layer, kgs, vgs, rule};
-  const StoreCounts counts = reference::store(valid, cpu.buffers, sp);
-
-  std::vector<std::unique_ptr<DeviceArray<>>> cache;
-  CacheBuffers bufs;
-  bufs.count = int(l.buffers.size());
-  for (size_t b = 0; b < l.buffers.size(); ++b) {
-    cache.push_back(std::make_unique<DeviceArray<>>(size_t(l.buffers[b].bytes)));
-    ASSERT_NE(cache.back()->ptr, nullptr);
-    CUDA_OK(cudaMemset(cache.back()->ptr, kPoison, size_t(l.buffers[b].bytes)));
-    bufs.ptr[b] = cache.back()->ptr;
-  }
-  auto dk = DeviceArray<uint16_t>::from(rows.k), dv = DeviceArray<uint16_t>::from(rows.v);
+  const harness::Rows rows = harness::make_rows(d, tokens, type, pattern, seed, 8);
+  const float scales_host[2] = {recommend_global_scale(rows.k_amax), recommend_global_scale(rows.v_amax)};
   std::vector<int32_t> slots32(slots.begin(), slots.end());
-  auto s64 = DeviceArray<int64_t>::from(slots);
-  auto s32 = DeviceArray<int32_t>::from(slots32);
-  auto scales = DeviceArray<float>::from({kgs, vgs});
-  auto status = DeviceArray<DeviceStatus>::from({DeviceStatus{}});
+
   StoreArgs a;
-  a.rows = {dk.ptr, dv.ptr, tokens, rows.stride};
+  a.rows = {rows.k.data(), rows.v.data(), tokens, rows.stride};
   a.type = type;
-  a.slots = int64_slots ? static_cast<const void*>(s64.ptr) : s32.ptr;
+  a.slots = int64_slots ? static_cast<const void*>(slots.data()) : slots32.data();
   a.slots_are_int64 = int64_slots;
   a.layer = layer;
-  a.k_global_scale = scales.ptr;
-  a.v_global_scale = scales.ptr + 1;
+  a.k_global_scale = &scales_host[0];
+  a.v_global_scale = &scales_host[1];
   a.rule = rule;
-  a.status = status.ptr;
-  const Result r = store(valid, bufs, a, nullptr);
-  ASSERT_TRUE(r.ok()) << r.message;
-  CUDA_OK(cudaDeviceSynchronize());
-  // Provenance: the bytes the stored rows own, by the layout; everything else must stay poison.
-  std::vector<std::vector<uint8_t>> owned;
-  for (const Buffer& b : l.buffers) owned.emplace_back(size_t(b.bytes), 0);
-  for (int64_t s : slots) {
-    if (s < 0 || s >= d.pages * d.tokens_per_page) continue;
-    for (Region reg : kAllRegions)
-      for (int64_t h = 0; h < d.heads; ++h)
-        for (int64_t c = 0; c < d.columns(reg); ++c)
-          owned[size_t(l.region(reg).buffer)][size_t(l.offset(reg, {layer, s / d.tokens_per_page, s % d.tokens_per_page, h, c}))] = 1;
-  }
-  for (size_t b = 0; b < l.buffers.size(); ++b) {
-    const std::vector<uint8_t> got = cache[b]->to_host();
-    const std::vector<uint8_t>& want = cpu.storage[b];
-    size_t touched = 0;
-    for (size_t i = 0; i < got.size(); ++i)
-      if (!owned[b][i] && got[i] != kPoison) ++touched;
-    ASSERT_EQ(touched, 0u) << "buffer \"" << l.buffers[b].name << "\": " << touched << " bytes outside the stored rows changed";
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < got.size(); ++i)
-      if (got[i] != want[i] && bad++ == 0) first = i;
-    ASSERT_EQ(bad, 0u) << "buffer \"" << l.buffers[b].name << "\": " << bad << " bytes differ from the reference, first at "
-                       << first << " (gpu " << int(got[first]) << ", reference " << int(want[first]) << ")";
-  }
-  const DeviceStatus st = status.to_host()[0];
-  EXPECT_EQ(int64_t(st.stored), counts.stored);
-  EXPECT_EQ(int64_t(st.padding), counts.padding);
-  EXPECT_EQ(int64_t(st.out_of_range), counts.out_of_range);
-  EXPECT_EQ(int64_t(st.non_finite), counts.non_finite);
-  if (outcome) *outcome = {counts, st};
+  DeviceStatus cpu_status;
+  a.status = &cpu_status;
+  reference::HostCache cpu(l, kPoison);
+  reference::store(valid, cpu.buffers, a);
 
-  // Gather every page the slots touched, as one sequence, in slot order.
-  std::vector<int32_t> table;
-  for (int64_t s : slots)
-    if (s >= 0 && s < d.pages * d.tokens_per_page &&
-        std::find(table.begin(), table.end(), int32_t(s / d.tokens_per_page)) == table.end())
-      table.push_back(int32_t(s / d.tokens_per_page));
+  DeviceCache cache(l, kPoison);
+  auto dk = DeviceBuffer<uint16_t>::from(rows.k), dv = DeviceBuffer<uint16_t>::from(rows.v);
+  auto s64 = DeviceBuffer<int64_t>::from(slots);
+  auto s32 = DeviceBuffer<int32_t>::from(slots32);
+  auto scales = DeviceBuffer<float>::from({scales_host[0], scales_host[1]});
+  auto status = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
+  StoreArgs g = a;  // the same operation, device pointers
+  g.rows = {dk.get(), dv.get(), tokens, rows.stride};
+  g.slots = int64_slots ? static_cast<const void*>(s64.get()) : s32.get();
+  g.k_global_scale = scales.get();
+  g.v_global_scale = scales.get() + 1;
+  g.status = status.get();
+  const Result r = store(valid, cache.view(), g, nullptr);
+  ASSERT_TRUE(r.ok()) << r.message;
+  NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto got = cache.download();
+  for (size_t b = 0; b < l.buffers.size(); ++b) {
+    const std::vector<uint8_t>& want = cpu.storage[b];
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      if (got[b][i] != want[i] && bad++ == 0) first = i;
+    ASSERT_EQ(bad, 0u) << "buffer \"" << l.buffers[b].name << "\": " << bad << " bytes differ from the reference, first at "
+                       << first << " (gpu " << int(got[b][first]) << ", reference " << int(want[first])
+                       << (want[first] == kPoison ? ": the reference left it alone)" : ")");
+  }
+  const DeviceStatus st = status.download()[0];
+  EXPECT_TRUE(same_status(st, cpu_status)) << "gpu: " << status_text(st) << "\ncpu: " << status_text(cpu_status);
+  if (outcome) *outcome = {cpu_status, st};
+
+  // Gather every page the slots touched, as one sequence, in first-use order.
+  const std::vector<int32_t> table = harness::pages_of(d, slots);
   if (table.empty()) return;
   const int64_t gtokens = int64_t(table.size()) * d.tokens_per_page;
-  const reference::GatheredKv want = reference::gather(valid, cpu.buffers, {table.data(), gtokens, layer, kgs, vgs});
-  auto dtable = DeviceArray<int32_t>::from(table);
-  auto cu = DeviceArray<int32_t>::from({0, int32_t(gtokens)});
+  const reference::GatheredKv want =
+      reference::gather_sequence(valid, cpu.buffers, table, gtokens, layer, scales_host[0], scales_host[1]);
+  auto dtable = DeviceBuffer<int32_t>::from(table);
+  auto cu = DeviceBuffer<int32_t>::from({0, int32_t(gtokens)});
   const size_t n = size_t(gtokens * d.heads * d.head_dim);
-  DeviceArray<uint16_t> kout(n), vout(n);
-  CUDA_OK(cudaMemset(kout.ptr, 0xFF, n * 2));
-  CUDA_OK(cudaMemset(vout.ptr, 0xFF, n * 2));
-  GatherArgs g;
-  g.block_table = dtable.ptr;
-  g.block_table_stride = int64_t(table.size());
-  g.cu_seqlens = cu.ptr;
-  g.batch = 1;
-  g.layer = layer;
-  g.k_global_scale = scales.ptr;
-  g.v_global_scale = scales.ptr + 1;
-  g.out_type = type;
-  g.k_out = kout.ptr;
-  g.v_out = vout.ptr;
-  const Result gr = gather(valid, bufs, g, nullptr);
+  DeviceBuffer<uint16_t> kout(n), vout(n);
+  kout.fill_bytes(0xFF);
+  vout.fill_bytes(0xFF);
+  GatherArgs ga;
+  ga.batch = {.block_table = dtable.get(), .block_table_stride = int64_t(table.size()), .cu_seqlens = cu.get(), .batch = 1};
+  ga.layer = layer;
+  ga.k_global_scale = scales.get();
+  ga.v_global_scale = scales.get() + 1;
+  ga.out_type = type;
+  ga.k_out = kout.get();
+  ga.v_out = vout.get();
+  const Result gr = gather(valid, cache.view(), ga, nullptr);
   ASSERT_TRUE(gr.ok()) << gr.message;
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto gk = kout.to_host(), gv = vout.to_host();
+  NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto gk = kout.download(), gv = vout.download();
+  const auto conv = [&](float x) { return type == ElementType::kBFloat16 ? float_to_bf16(x) : float_to_fp16(x); };
   size_t bad = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const auto conv = [&](float x) { return type == ElementType::kBFloat16 ? float_to_bf16(x) : float_to_fp16(x); };
-    bad += gk[i] != conv(want.k[i]);
-    bad += gv[i] != conv(want.v[i]);
-  }
+  for (size_t i = 0; i < n; ++i) bad += (gk[i] != conv(want.k[i])) + (gv[i] != conv(want.v[i]));
   ASSERT_EQ(bad, 0u) << "gather differs from the reference in " << bad << " of " << 2 * n << " values";
 }
 
-// Whole pages in shuffled order, a padding slot, one beyond capacity, and the last slot.
-std::vector<int64_t> paged_slots(const CacheDims& d, int64_t tokens, std::mt19937_64& rng) {
-  std::vector<int64_t> pages(size_t(d.pages));
-  std::iota(pages.begin(), pages.end(), 0);
-  std::shuffle(pages.begin(), pages.end(), rng);
-  std::vector<int64_t> s;
-  for (int64_t i = 0; i < tokens; ++i)
-    s.push_back(pages[size_t((i / d.tokens_per_page) % d.pages)] * d.tokens_per_page + i % d.tokens_per_page);
-  if (tokens > 3) {
-    s[1] = -1;
-    s[2] = d.pages * d.tokens_per_page;
-    // The last slot, unless the shuffled pages already hold it: one slot, one row
-    // (which of two rows lands in a duplicated slot is unspecified).
-    const int64_t last = d.pages * d.tokens_per_page - 1;
-    if (std::find(s.begin(), s.end(), last) == s.end()) s.push_back(last);
-  }
-  return s;
-}
-
 TEST_F(Gpu, StoreAndGatherMatchTheReferenceForEverySoundPreset) {
-  int ran = 0;
-  for (const PresetInfo& p : list_presets())
+  int ran = 0, presets = 0;
+  for (const PresetInfo& p : list_presets()) {
+    bool any = false;
     for (int64_t dim : {64, 128, 256})
       for (int64_t n : {5, 16, 32}) {  // 5: an odd page size (the interleaved presets refuse it)
         const Layout l = instantiate(preset_spec(p.name), {2, 6, n, 2, dim});
         CheckResult res = check(l);
         if (!res.valid) continue;  // the broken vLLM packed NHD views
+        any = true;
         for (ScaleRule rule : {ScaleRule::kStandard, ScaleRule::kFourOverSix})
-          for (bool structured : {false, true}) {
+          for (harness::RowPattern pattern : {harness::RowPattern::kNormal, harness::RowPattern::kStructured}) {
+            const bool structured = pattern == harness::RowPattern::kStructured;
             SCOPED_TRACE(p.name + " D" + std::to_string(dim) + " N" + std::to_string(n) +
                          (rule == ScaleRule::kStandard ? " standard" : " 4over6") + (structured ? " structured" : " random"));
-            std::mt19937_64 rng(uint64_t(ran) * 7919 + 1);
-            const auto slots = paged_slots(l.dims, n * 3 + 5, rng);
+            const auto slots = harness::paged_slots(l.dims, n * 3 + 5, uint64_t(ran) * 7919 + 1, true);
             store_and_gather(*res.valid, 1, slots, structured ? ElementType::kFloat16 : ElementType::kBFloat16, rule,
-                             structured, ran % 2 == 0, uint64_t(ran));
+                             pattern, ran % 2 == 0, uint64_t(ran));
             if (HasFatalFailure()) return;
             ++ran;
           }
       }
-  EXPECT_GE(ran, (11 * 3 * 2 + 9 * 3) * 4);
+    presets += any;
+  }
+  // Every preset that is sound at some size ran (all but the two broken vLLM views).
+  EXPECT_EQ(presets, int(list_presets().size()) - 2);
+  EXPECT_GE(ran, presets * 4 * 4);
 }
 
 // Shapes beyond the preset sweep: odd group counts (D 48, 80: the gather's
@@ -259,9 +171,9 @@ TEST_F(Gpu, OddShapesMatchTheReference) {
       for (int64_t n : {7, 16}) {
         const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 12, n, heads, dim}));
         SCOPED_TRACE(testing::Message() << "D" << dim << " H" << heads << " N" << n);
-        std::mt19937_64 rng(uint64_t(ran) + 101);
-        store_and_gather(v, 0, paged_slots(v.layout().dims, n * 5 + 3, rng), ElementType::kBFloat16,
-                         ran % 2 ? ScaleRule::kFourOverSix : ScaleRule::kStandard, ran % 3 == 0, ran % 2 == 0,
+        store_and_gather(v, 0, harness::paged_slots(v.layout().dims, n * 5 + 3, uint64_t(ran) + 101, true),
+                         ElementType::kBFloat16, ran % 2 ? ScaleRule::kFourOverSix : ScaleRule::kStandard,
+                         ran % 3 == 0 ? harness::RowPattern::kStructured : harness::RowPattern::kNormal, ran % 2 == 0,
                          uint64_t(ran) + 500);
         if (HasFatalFailure()) return;
         ++ran;
@@ -273,88 +185,146 @@ TEST_F(Gpu, SlotEdgeCases) {
   const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 4, 16, 8, 128}));
   const int64_t cap = 4 * 16;
   Outcome o;
+  const auto random = harness::RowPattern::kNormal;
   // A batch that fills page 2 exactly.
   std::vector<int64_t> fill(16);
   std::iota(fill.begin(), fill.end(), 2 * 16);
-  store_and_gather(v, 0, fill, ElementType::kBFloat16, ScaleRule::kStandard, false, true, 11, &o);
+  store_and_gather(v, 0, fill, ElementType::kBFloat16, ScaleRule::kStandard, random, true, 11, &o);
   EXPECT_EQ(o.gpu.stored, 16u);
   // One that crosses from page 0 into page 1, in int32 slots.
   std::vector<int64_t> cross(10);
   std::iota(cross.begin(), cross.end(), 11);
-  store_and_gather(v, 0, cross, ElementType::kBFloat16, ScaleRule::kStandard, false, false, 12, &o);
+  store_and_gather(v, 0, cross, ElementType::kBFloat16, ScaleRule::kStandard, random, false, 12, &o);
   EXPECT_EQ(o.gpu.stored, 10u);
   // Padding, the last slot, and out-of-range slots (counted, nothing written: the byte
   // comparison against the reference, which skips them, proves it).
   const std::vector<int64_t> edge = {-1, cap - 1, cap, cap + 1000, -7, 0, int64_t(1) << 40};
-  store_and_gather(v, 0, edge, ElementType::kFloat16, ScaleRule::kFourOverSix, true, true, 13, &o);
+  store_and_gather(v, 0, edge, ElementType::kFloat16, ScaleRule::kFourOverSix, harness::RowPattern::kStructured, true,
+                   13, &o);
   EXPECT_EQ(o.gpu.stored, 2u);
   EXPECT_EQ(o.gpu.padding, 2u);
   EXPECT_EQ(o.gpu.out_of_range, 3u);
   // All padding: nothing written at all.
-  store_and_gather(v, 0, {-1, -1, -1}, ElementType::kBFloat16, ScaleRule::kStandard, false, true, 14, &o);
+  store_and_gather(v, 0, {-1, -1, -1}, ElementType::kBFloat16, ScaleRule::kStandard, random, true, 14, &o);
   EXPECT_EQ(o.gpu.padding, 3u);
 }
 
 TEST_F(Gpu, LargeRandomBatchOnTheNativeLayout) {
   const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native-layers"), {3, 300, 16, 8, 128}));
-  std::mt19937_64 rng(21);
-  store_and_gather(v, 2, paged_slots(v.layout().dims, 4000, rng), ElementType::kBFloat16, ScaleRule::kFourOverSix,
-                   false, true, 22);
+  store_and_gather(v, 2, harness::paged_slots(v.layout().dims, 4000, 21, true), ElementType::kBFloat16,
+                   ScaleRule::kFourOverSix, harness::RowPattern::kNormal, true, 22);
 }
 
 TEST_F(Gpu, UnusableGlobalScalesWriteNothingAndAreCounted) {
   const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 2, 16, 2, 64}));
-  DeviceArray<> cache(size_t(v.layout().buffers[0].bytes));
-  CacheBuffers b;
-  b.ptr[0] = cache.ptr;
-  b.count = 1;
-  std::vector<uint16_t> rows(3 * 2 * 64, float_to_bf16(1.5f));
-  auto drows = DeviceArray<uint16_t>::from(rows);
-  auto slots = DeviceArray<int64_t>::from({0, 5, 17});
+  DeviceCache cache(v.layout(), kPoison);
+  auto rows = DeviceBuffer<uint16_t>::from(std::vector<uint16_t>(3 * 2 * 64, float_to_bf16(1.5f)));
+  auto slots = DeviceBuffer<int64_t>::from({0, 5, 17});
   for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 1e-45f,
                     1e31f, 3e-31f}) {
-    CUDA_OK(cudaMemset(cache.ptr, kPoison, cache.count));
-    auto scales = DeviceArray<float>::from({1.0f, bad});
-    auto status = DeviceArray<DeviceStatus>::from({DeviceStatus{}});
-    ASSERT_TRUE(store(v, b, bf16_store_args(drows.ptr, 3, 128, slots.ptr, scales.ptr, status.ptr), nullptr).ok());
-    CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_EQ(status.to_host()[0].bad_global_scale, 3u) << bad;
-    EXPECT_EQ(status.to_host()[0].stored, 0u) << bad;
-    for (uint8_t byte : cache.to_host()) ASSERT_EQ(byte, kPoison) << bad;
+    auto scales = DeviceBuffer<float>::from({1.0f, bad});
+    auto status = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
+    StoreArgs a;
+    a.rows = {rows.get(), rows.get(), 3, 128};
+    a.slots = slots.get();
+    a.slots_are_int64 = true;
+    a.k_global_scale = scales.get();
+    a.v_global_scale = scales.get() + 1;
+    a.status = status.get();
+    ASSERT_TRUE(store(v, cache.view(), a, nullptr).ok());
+    NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(status.download()[0].bad_global_scale, 3u) << bad;
+    EXPECT_EQ(status.download()[0].stored, 0u) << bad;
+    for (const auto& buffer : cache.download())
+      for (uint8_t byte : buffer) ASSERT_EQ(byte, kPoison) << bad;
   }
 }
 
-TEST_F(Gpu, GatherMarksBadBlockTableEntries) {
-  const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 4, 16, 2, 64}));
-  DeviceArray<> cache(size_t(v.layout().buffers[0].bytes));
-  CUDA_OK(cudaMemset(cache.ptr, 0, cache.count));
-  CacheBuffers b;
-  b.ptr[0] = cache.ptr;
-  b.count = 1;
-  auto table = DeviceArray<int32_t>::from({1, 9});  // page 9 does not exist
-  auto cu = DeviceArray<int32_t>::from({0, 32});
-  auto scales = DeviceArray<float>::from({1.0f, 1.0f});
-  auto status = DeviceArray<DeviceStatus>::from({DeviceStatus{}});
-  DeviceArray<uint16_t> k(32 * 2 * 64), vv(32 * 2 * 64);
-  GatherArgs g{table.ptr, 2, cu.ptr, 1, 0, scales.ptr, scales.ptr + 1, ElementType::kBFloat16, k.ptr, vv.ptr, status.ptr};
-  ASSERT_TRUE(gather(v, b, g, nullptr).ok());
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto out = k.to_host();
-  EXPECT_EQ(out[0], 0);                       // page 1: zero bytes decode to +0
-  EXPECT_EQ(out[16 * 2 * 64] & 0x7FC0, 0x7FC0);  // page 9: NaN, never read from outside the cache
-  EXPECT_EQ(status.to_host()[0].bad_pages, 16u);
+// A ragged batch through the gather: shuffled and sparse pages, a length of 0,
+// lengths not a multiple of the page, a block-table entry outside the cache, a
+// length beyond the block table, and an unusable V scale: the GPU and the
+// reference agree on every value (NaN rows included, by bits) and every counter.
+TEST_F(Gpu, GatherOfARaggedBatchMatchesTheReferenceWithBadEntries) {
+  const ValidLayout v = validate(instantiate(preset_spec("vllm-legacy-hnd"), {1, 20, 16, 2, 64}));
+  const CacheDims& d = v.layout().dims;
+  // Fill the whole cache through the reference, then copy it to the GPU.
+  reference::HostCache cpu(v.layout(), kPoison);
+  const auto slots = harness::paged_slots(d, d.pages * d.tokens_per_page, 5, false);
+  const harness::Rows rows = harness::make_rows(d, int64_t(slots.size()), ElementType::kBFloat16, harness::RowPattern::kNormal, 6);
+  const float gs[2] = {recommend_global_scale(rows.k_amax), recommend_global_scale(rows.v_amax)};
+  reference::store(v, cpu.buffers, {.rows = {rows.k.data(), rows.v.data(), rows.tokens, rows.stride}, .slots = slots.data(),
+                                    .slots_are_int64 = true, .k_global_scale = &gs[0], .v_global_scale = &gs[1]});
+  DeviceCache cache(v.layout(), kPoison);
+  DeviceBuffer<uint8_t> staged(cpu.storage[0].size());
+  staged.upload(cpu.storage[0]);
+  NVFP4KV_CUDA_CHECK(cudaMemcpy(cache.view().ptr[0], staged.get(), staged.size(), cudaMemcpyDeviceToDevice));
+  // 4 sequences, 3 entries each: lengths 37, 0, 48 (one entry points at page 99), 60 (beyond 3 * 16).
+  const std::vector<int32_t> table = {7, 2, 19, 5, 5, 5, 11, 99, 3, 0, 13, 8};
+  const std::vector<int32_t> cu = {0, 37, 37, 85, 145};
+  for (float v_scale : {gs[1], std::numeric_limits<float>::quiet_NaN()}) {
+    SCOPED_TRACE(v_scale);
+    const float scales_host[2] = {gs[0], v_scale};
+    const size_t n = size_t(cu.back() * d.heads * d.head_dim);
+    std::vector<uint16_t> want_k(n, 0xFFFF), want_v(n, 0xFFFF);
+    DeviceStatus want_status;
+    GatherArgs a;
+    a.batch = {.block_table = table.data(), .block_table_stride = 3, .cu_seqlens = cu.data(), .batch = 4};
+    a.k_global_scale = &scales_host[0];
+    a.v_global_scale = &scales_host[1];
+    a.out_type = ElementType::kBFloat16;
+    a.k_out = want_k.data();
+    a.v_out = want_v.data();
+    a.status = &want_status;
+    reference::gather(v, cpu.buffers, a);
+    auto dtable = DeviceBuffer<int32_t>::from(table);
+    auto dcu = DeviceBuffer<int32_t>::from(cu);
+    auto scales = DeviceBuffer<float>::from({scales_host[0], scales_host[1]});
+    auto status = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
+    DeviceBuffer<uint16_t> kout(n), vout(n);
+    kout.fill_bytes(0xFF);
+    vout.fill_bytes(0xFF);
+    GatherArgs g = a;
+    g.batch.block_table = dtable.get();
+    g.batch.cu_seqlens = dcu.get();
+    g.k_global_scale = scales.get();
+    g.v_global_scale = scales.get() + 1;
+    g.k_out = kout.get();
+    g.v_out = vout.get();
+    g.status = status.get();
+    ASSERT_TRUE(gather(v, cache.view(), g, nullptr).ok());
+    NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(kout.download(), want_k);
+    EXPECT_EQ(vout.download(), want_v);
+    const DeviceStatus st = status.download()[0];
+    EXPECT_TRUE(same_status(st, want_status)) << "gpu: " << status_text(st) << "\ncpu: " << status_text(want_status);
+    EXPECT_EQ(st.bad_pages, 16u);   // the entry 99 holds tokens 16..31 of sequence 2
+    EXPECT_EQ(st.bad_lengths, 1u);  // sequence 3: 60 tokens, 48 fit
+    // NaN marks: sequence 2's second page, sequence 3's rows past 48.
+    EXPECT_EQ(want_k[size_t((37 + 16) * d.heads * d.head_dim)] & 0x7FC0, 0x7FC0);
+    EXPECT_EQ(want_k[size_t((85 + 50) * d.heads * d.head_dim)] & 0x7FC0, 0x7FC0);
+    if (!global_scale_usable(v_scale)) {
+      EXPECT_EQ(st.bad_global_scale, uint64_t(37 + 32 + 48));
+      EXPECT_EQ(want_v[0] & 0x7FC0, 0x7FC0);
+      EXPECT_NE(want_k[0] & 0x7FC0, 0x7FC0);
+    }
+  }
 }
 
 TEST_F(Gpu, HostSideErrorsLaunchNothing) {
   const ValidLayout v = validate(instantiate(preset_spec("flashinfer-hnd"), {1, 4, 16, 2, 64}));
-  DeviceArray<> buf(4096);
-  DeviceArray<uint16_t> rows(1024);
-  auto slots = DeviceArray<int64_t>::from({0, 1});
-  auto scales = DeviceArray<float>::from({1.0f, 1.0f});
+  DeviceBuffer<uint8_t> buf(4096);
+  DeviceBuffer<uint16_t> rows(1024);
+  auto slots = DeviceBuffer<int64_t>::from({0, 1});
+  auto scales = DeviceBuffer<float>::from({1.0f, 1.0f});
   CacheBuffers b;
-  for (int i = 0; i < 4; ++i) b.ptr[i] = buf.ptr + 1024 * i;
+  for (int i = 0; i < 4; ++i) b.ptr[i] = buf.get() + 1024 * i;
   b.count = 4;
-  const StoreArgs a = bf16_store_args(rows.ptr, 2, 128, slots.ptr, scales.ptr);
+  StoreArgs a;
+  a.rows = {rows.get(), rows.get(), 2, 128};
+  a.slots = slots.get();
+  a.slots_are_int64 = true;
+  a.k_global_scale = scales.get();
+  a.v_global_scale = scales.get() + 1;
   EXPECT_TRUE(store(v, b, a, nullptr).ok());
   auto bad = [&](auto mutate, const char* needle) {
     StoreArgs x = a;
@@ -373,7 +343,16 @@ TEST_F(Gpu, HostSideErrorsLaunchNothing) {
   bad([](StoreArgs&, CacheBuffers& y) { y.count = 3; }, "4 buffers");
   bad([](StoreArgs&, CacheBuffers& y) { y.ptr[2] += 1; }, "not 16-byte aligned");
   bad([](StoreArgs&, CacheBuffers& y) { y.ptr[1] = nullptr; }, "is null");
-  CUDA_OK(cudaDeviceSynchronize());
+  GatherArgs g;
+  g.batch = {.block_table = reinterpret_cast<const int32_t*>(slots.get()), .block_table_stride = 1,
+             .seq_lens = reinterpret_cast<const int32_t*>(slots.get()), .batch = 1};
+  g.k_global_scale = scales.get();
+  g.v_global_scale = scales.get() + 1;
+  g.k_out = g.v_out = rows.get();
+  const Result r = gather(v, b, g, nullptr);
+  EXPECT_EQ(r.status, Status::kInvalidArgument);
+  EXPECT_NE(r.message.find("cu_seqlens"), std::string::npos) << r.message;
+  NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace

@@ -33,4 +33,18 @@ NVFP4KV_HD float bits_float(uint32_t u) {
 #endif
 }
 
+// A product rounded once to float and never fused with a neighbouring add, on
+// either side and under any contraction setting (nvcc's --fmad, GCC's
+// -ffp-contract=fast in GNU mode): arithmetic that must round exactly as the
+// reference does uses this wherever a product meets an add, so any target may
+// build it with contraction on. On the host the product of two floats is exact
+// in double, and the conversion is the one rounding.
+NVFP4KV_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return float(double(a) * double(b));
+#endif
+}
+
 }  // namespace nvfp4kv

@@ -113,7 +113,7 @@ NVFP4KV_HD uint8_t e2m1_encode(float x) { return uint8_t(e2m1_code(x)); }
 // Bias 7, max 448, subnormals m * 2^-9, NaN = 0x7F / 0xFF, no Inf.
 // The _bits functions are the definitions, run on the host; on sm_89 and newer
 // the device uses the conversion instructions (one each instead of ~15
-// operations with a branch), which tests/cpu/test_toolkit_fp4.cpp checks against
+// operations with a branch), which tests/cpu/test_toolkit_conversions.cpp checks against
 // the toolkit's definition of those instructions and tests/gpu against these.
 NVFP4KV_HD float e4m3_decode_bits(uint8_t code) {
   const uint32_t e = (code >> 3) & 15u, m = code & 7u;
@@ -256,10 +256,11 @@ NVFP4KV_HD float quantize_with_scale(const float* x, uint8_t scale, float global
     const uint32_t lo = ((float_bits(y0) >> 28) & 8u) | (c0.sum() & 7u);
     const uint32_t hi = ((float_bits(y1) >> 28) & 8u) | (c1.sum() & 7u);
     packed[i / 2] = uint8_t(lo | (hi << 4));
-    const float d0 = (e2m1_counts_value(c0) * scale_f) * global_scale - bits_float(float_bits(x[i]) & 0x7FFFFFFFu);
-    const float d1 = (e2m1_counts_value(c1) * scale_f) * global_scale - bits_float(float_bits(x[i + 1]) & 0x7FFFFFFFu);
-    err = err + d0 * d0;
-    err = err + d1 * d1;
+    // Products meet sums here: mul_rn keeps each one rounded on its own (config.hpp).
+    const float d0 = mul_rn(e2m1_counts_value(c0) * scale_f, global_scale) - bits_float(float_bits(x[i]) & 0x7FFFFFFFu);
+    const float d1 = mul_rn(e2m1_counts_value(c1) * scale_f, global_scale) - bits_float(float_bits(x[i + 1]) & 0x7FFFFFFFu);
+    err = err + mul_rn(d0, d0);
+    err = err + mul_rn(d1, d1);
   }
   return err;
 }

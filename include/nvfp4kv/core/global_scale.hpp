@@ -4,9 +4,9 @@
 // other conventions for the same number; these helpers convert them (see
 // docs/format.md for where each one comes from).
 #include <cmath>
-#include <stdexcept>
 #include <string>
 
+#include "nvfp4kv/core/error.hpp"
 #include "nvfp4kv/core/format.hpp"
 
 namespace nvfp4kv {
@@ -17,7 +17,7 @@ namespace nvfp4kv {
 // blocks fall into E4M3 subnormals (fewer significant bits) or underflow to 0.
 inline float recommend_global_scale(float observed_amax) {
   if (!std::isfinite(observed_amax) || observed_amax < 0.0f)
-    throw std::invalid_argument("recommend_global_scale: amax must be finite and >= 0, got " +
+    throw ArgumentError("recommend_global_scale: amax must be finite and >= 0, got " +
                                 std::to_string(observed_amax));
   if (observed_amax == 0.0f) return 1.0f;  // nothing to scale; any positive value works
   const float s = observed_amax / (kE4M3Max * kE2M1Max);
@@ -38,7 +38,7 @@ inline float global_scale_from_trtllm_quant_orig(float quant_orig) { return quan
 // Throws unless the scale is usable: in [2^-100, 2^100] (format.hpp says why).
 inline void require_valid_global_scale(float global_scale, const char* what) {
   if (!global_scale_usable(global_scale))
-    throw std::invalid_argument(std::string(what) + ": global scale must be in [2^-100, 2^100], got " +
+    throw ArgumentError(std::string(what) + ": global scale must be in [2^-100, 2^100], got " +
                                 std::to_string(global_scale));
 }
 

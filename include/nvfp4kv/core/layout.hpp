@@ -3,21 +3,14 @@
 // descriptions of the same bytes. See docs/layouts.md for the model and the text form.
 #include <array>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "nvfp4kv/core/error.hpp"
 #include "nvfp4kv/core/layout_view.hpp"
 
 namespace nvfp4kv {
-
-// Bad input to the layout machinery (unparsable text, open sizes, impossible
-// parameters). The message says what to change.
-class LayoutError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 const char* region_name(Region r);          // "k_data", "k_scale", "v_data", "v_scale"
 std::optional<Region> region_from_name(std::string_view name);

@@ -45,8 +45,8 @@ struct CacheDims {
   NVFP4KV_HD int64_t columns(Region r) const { return is_scale(r) ? scale_bytes() : data_bytes(); }
 };
 
-// One coordinate's share of an offset (see the top of this file). inner >= 1;
-// strides >= 0 once validated.
+// One coordinate's share of an offset (see the top of this file). Once
+// validated: 1 <= inner <= the coordinate's extent, strides >= 0.
 struct Mode {
   int64_t inner = 1;
   int64_t inner_stride = 0;
@@ -60,7 +60,15 @@ struct Mode {
   template <typename Int>
   NVFP4KV_HD Int at_as(int64_t x) const {
     if (inner == 1) return Int(x) * stride;
+#if defined(__CUDA_ARCH__)
+    // On the device coordinates and inner extents are below 2^31 (the validator
+    // bounds inner by the coordinate's extent, the API bounds the extents): a
+    // 32-bit division instead of a 64-bit subroutine.
+    const uint32_t q = uint32_t(x) / uint32_t(inner), r = uint32_t(x) - q * uint32_t(inner);
+    return Int(r) * inner_stride + Int(q) * stride;
+#else
     return Int(x % inner) * inner_stride + Int(x / inner) * stride;
+#endif
   }
   NVFP4KV_HD int64_t operator()(int64_t x) const { return at_as<int64_t>(x); }
   // The coordinate in [0, n) with the largest offset (strides >= 0): the last

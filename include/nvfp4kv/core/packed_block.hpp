@@ -99,7 +99,7 @@ NVFP4KV_HD uint32_t packed_amax(const uint32_t (&w)[8]) {
 // in one instruction; Hopper has no such conversion and uses e2m1_counts.
 // The instruction's semantics (rounding, signed zeros, saturation, nibble order:
 // its first source goes to the high nibble) are the CUDA toolkit's definition,
-// which tests/cpu/test_toolkit_fp4.cpp checks equal to ours.
+// which tests/cpu/test_toolkit_conversions.cpp checks equal to ours.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && __CUDA_ARCH__ >= 1000 && \
     __CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000 && __CUDA_ARCH_FAMILY_SPECIFIC__ < 1300
 #define NVFP4KV_NATIVE_E2M1 1

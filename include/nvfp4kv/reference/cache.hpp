@@ -1,38 +1,20 @@
 #pragma once
 // Scalar reference for the paged cache: store rows through a slot mapping and
-// gather pages back, every byte placed by the validated layout.
+// gather pages back, every byte placed by the validated layout. Same arguments
+// (core/ops.hpp) and the same handling of bad entries as the GPU kernels, with
+// host pointers; tests compare the two byte for byte and counter for counter.
 #include <vector>
 
-#include "nvfp4kv/core/cache_buffers.hpp"
-#include "nvfp4kv/core/format.hpp"
-#include "nvfp4kv/core/half.hpp"
 #include "nvfp4kv/core/layout.hpp"
+#include "nvfp4kv/core/ops.hpp"
 
 namespace nvfp4kv::reference {
 
-struct StoreParams {
-  KvRows rows;
-  ElementType type = ElementType::kBFloat16;
-  const int64_t* slots = nullptr;  // (tokens); slot = page * N + token, < 0 = padding
-  int64_t layer = 0;
-  float k_global_scale = 1.0f, v_global_scale = 1.0f;
-  ScaleRule rule = ScaleRule::kStandard;
-};
+// Throws ArgumentError where the GPU API would refuse (store_problem).
+void store(const ValidLayout& layout, const CacheBuffers& buffers, const StoreArgs& args);
 
-StoreCounts store(const ValidLayout& layout, const CacheBuffers& buffers, const StoreParams& p);
-
-struct GatherParams {
-  const int32_t* block_table = nullptr;  // pages of one sequence, in order
-  int64_t tokens = 0;                    // tokens to gather: needs ceil(tokens / N) entries
-  int64_t layer = 0;
-  float k_global_scale = 1.0f, v_global_scale = 1.0f;
-};
-
-struct GatheredKv {
-  std::vector<float> k, v;  // (tokens, heads, D)
-};
-
-GatheredKv gather(const ValidLayout& layout, const CacheBuffers& buffers, const GatherParams& p);
+// out_type may also be kFloat32 here. Throws ArgumentError as gather_problem says.
+void gather(const ValidLayout& layout, const CacheBuffers& buffers, const GatherArgs& args);
 
 // Host allocations for one layer of a layout, filled with `fill`.
 struct HostCache {
@@ -42,5 +24,13 @@ struct HostCache {
   HostCache(const HostCache&) = delete;
   HostCache& operator=(const HostCache&) = delete;
 };
+
+// One sequence's pages in order, gathered to fp32 (tokens, heads, D): the
+// common case of the tests and the demo, through gather().
+struct GatheredKv {
+  std::vector<float> k, v;
+};
+GatheredKv gather_sequence(const ValidLayout& layout, const CacheBuffers& buffers, const std::vector<int32_t>& pages,
+                           int64_t tokens, int64_t layer, float k_global_scale, float v_global_scale);
 
 }  // namespace nvfp4kv::reference

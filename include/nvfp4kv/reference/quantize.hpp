@@ -23,7 +23,7 @@ struct QuantizedTensor {
   int64_t non_finite = 0;       // inputs stored as +0 because they were NaN or +-Inf
 };
 
-// input: (tokens, heads, D) of `type`, contiguous. Throws std::invalid_argument
+// input: (tokens, heads, D) of `type`, contiguous. Throws ArgumentError
 // on a bad shape or global scale.
 QuantizedTensor quantize(const void* input, ElementType type, DenseShape shape, float global_scale,
                          ScaleRule rule);

@@ -1,0 +1,48 @@
+#pragma once
+// Inputs for tests, benchmarks and the CLI: never zeros, reproducible from a
+// seed, shaped so that a byte in the wrong place shows.
+#include <cstdint>
+#include <vector>
+
+#include "nvfp4kv/core/half.hpp"
+#include "nvfp4kv/core/layout_view.hpp"
+
+namespace nvfp4kv::harness {
+
+enum class RowPattern {
+  kNormal,      // K ~ N(0, 3), V ~ N(0, 1) * lognormal: random magnitudes across blocks
+  kStructured,  // group g of every row has magnitude in [0.5, 1) * (g + 1), random signs: a scale
+                // read from the wrong group shows as a wrong magnitude
+};
+
+// K and V rows (tokens, heads, D) of 16-bit elements with a free token stride.
+struct Rows {
+  std::vector<uint16_t> k, v;
+  int64_t tokens = 0, stride = 0;  // stride in elements, >= heads * D
+  ElementType type = ElementType::kBFloat16;
+  float k_amax = 0, v_amax = 0;
+  // The rows without the stride padding: (tokens, heads, D) contiguous.
+  std::vector<uint16_t> dense(bool keys, int64_t row) const;
+};
+
+// stride_pad extra elements after each row (a multiple of 8 keeps rows 16-byte aligned).
+Rows make_rows(const CacheDims& d, int64_t tokens, ElementType type, RowPattern pattern, uint64_t seed,
+               int64_t stride_pad = 0);
+
+// Slots for `tokens` rows that fill whole pages in a shuffled page order, as a
+// paged engine does. With edge_cases (and tokens > 3): row 1 is padding (-1),
+// row 2 is one past the capacity, and the cache's last slot is stored too.
+std::vector<int64_t> paged_slots(const CacheDims& d, int64_t tokens, uint64_t seed, bool edge_cases);
+
+// The pages the valid slots touch, in first-use order: one sequence's block table.
+std::vector<int32_t> pages_of(const CacheDims& d, const std::vector<int64_t>& slots);
+
+// Values shaped like one layer of a real model's KV cache (tokens, heads, dim):
+// Student-t (heavy tails) times a lognormal per-channel spread; in K, four
+// outlier channels per head an order of magnitude larger; optionally the first
+// `sink_tokens` tokens carry values in the tens of thousands, as attention-sink
+// tokens of some models do.
+std::vector<float> realistic_kv(int64_t tokens, int64_t heads, int64_t dim, bool keys, uint64_t seed,
+                                int64_t sink_tokens = 0);
+
+}  // namespace nvfp4kv::harness

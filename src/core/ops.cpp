@@ -1,0 +1,66 @@
+// The argument rules the GPU API and the CPU reference share.
+#include "nvfp4kv/core/ops.hpp"
+
+#include <cstdint>
+
+#include "nvfp4kv/core/layout.hpp"
+
+namespace nvfp4kv {
+
+std::string batch_problem(const BatchDescriptor& b, BatchForm form) {
+  if (b.batch < 0 || b.batch > 65535) return "batch must be in [0, 65535], got " + std::to_string(b.batch);
+  if (b.cu_seqlens && b.seq_lens) return "give either cu_seqlens (offsets) or seq_lens (lengths), not both";
+  if (form == BatchForm::kOffsets && b.seq_lens)
+    return "this operation places each sequence's rows by offset: give cu_seqlens (batch + 1 offsets), not seq_lens";
+  if (b.batch == 0) return "";
+  if (!b.block_table) return "the block table is required";
+  if (!b.cu_seqlens && !b.seq_lens)
+    return form == BatchForm::kOffsets ? "cu_seqlens (batch + 1 offsets) is required"
+                                       : "sequence lengths are required: seq_lens (batch) or cu_seqlens (batch + 1)";
+  if (b.block_table_stride < 1 || b.block_table_stride > INT32_MAX)
+    return "block table stride must be in [1, 2^31), got " + std::to_string(b.block_table_stride);
+  return "";
+}
+
+std::string buffers_problem(const ValidLayout& layout, const CacheBuffers& buffers, int64_t layer) {
+  const Layout& l = layout.layout();
+  if (buffers.count != int(l.buffers.size()))
+    return "layout \"" + l.name + "\" has " + std::to_string(l.buffers.size()) + " buffers, got " +
+           std::to_string(buffers.count);
+  for (int b = 0; b < buffers.count; ++b)
+    if (!buffers.ptr[b]) return "buffer \"" + l.buffers[size_t(b)].name + "\" is null";
+  if (layer < 0 || layer >= l.dims.layers)
+    return "layer " + std::to_string(layer) + " outside [0, " + std::to_string(l.dims.layers) + ")";
+  return "";
+}
+
+namespace {
+
+std::string scales_problem(const float* k, const float* v) {
+  return (k && v) ? "" : "the K and V global scales (pointers to float) are required";
+}
+
+}  // namespace
+
+std::string store_problem(const ValidLayout& layout, const CacheBuffers& buffers, const StoreArgs& a) {
+  if (std::string p = buffers_problem(layout, buffers, a.layer); !p.empty()) return p;
+  if (std::string p = scales_problem(a.k_global_scale, a.v_global_scale); !p.empty()) return p;
+  const CacheDims& d = layout.layout().dims;
+  if (a.rows.tokens < 0) return "negative token count " + std::to_string(a.rows.tokens);
+  if (a.rows.tokens == 0) return "";
+  if (!a.rows.k || !a.rows.v || !a.slots) return "K rows, V rows and slots are required";
+  if (a.rows.token_stride < d.heads * d.head_dim)
+    return "token stride " + std::to_string(a.rows.token_stride) + " is smaller than heads * head dim = " +
+           std::to_string(d.heads * d.head_dim) + " (rows must be (tokens, heads, D) with D contiguous)";
+  return "";
+}
+
+std::string gather_problem(const ValidLayout& layout, const CacheBuffers& buffers, const GatherArgs& a) {
+  if (std::string p = buffers_problem(layout, buffers, a.layer); !p.empty()) return p;
+  if (std::string p = scales_problem(a.k_global_scale, a.v_global_scale); !p.empty()) return p;
+  if (std::string p = batch_problem(a.batch, BatchForm::kOffsets); !p.empty()) return p;
+  if (a.batch.batch > 0 && (!a.k_out || !a.v_out)) return "both outputs (K and V rows) are required";
+  return "";
+}
+
+}  // namespace nvfp4kv

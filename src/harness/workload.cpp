@@ -1,0 +1,92 @@
+#include "nvfp4kv/harness/workload.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+namespace nvfp4kv::harness {
+
+std::vector<uint16_t> Rows::dense(bool keys, int64_t row) const {
+  const std::vector<uint16_t>& src = keys ? k : v;
+  std::vector<uint16_t> out(size_t(tokens * row));
+  for (int64_t t = 0; t < tokens; ++t)
+    std::copy_n(src.begin() + t * stride, row, out.begin() + t * row);
+  return out;
+}
+
+Rows make_rows(const CacheDims& d, int64_t tokens, ElementType type, RowPattern pattern, uint64_t seed,
+               int64_t stride_pad) {
+  Rows r;
+  r.tokens = tokens;
+  r.type = type;
+  r.stride = d.heads * d.head_dim + stride_pad;
+  r.k.assign(size_t(tokens * r.stride), 0xFFFF);  // padding between rows: NaN, never read
+  r.v = r.k;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::uniform_real_distribution<float> u(0.5f, 1.0f);
+  const auto conv = [&](float x) { return type == ElementType::kBFloat16 ? float_to_bf16(x) : float_to_fp16(x); };
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t e = 0; e < d.heads * d.head_dim; ++e) {
+      const float g = float((e % d.head_dim) / 16 + 1);
+      const bool structured = pattern == RowPattern::kStructured;
+      const float kx = structured ? (rng() & 1 ? -g : g) * u(rng) : n(rng) * 3.0f;
+      const float vx = structured ? (rng() & 1 ? -g : g) * u(rng) * 0.5f : n(rng) * std::exp(n(rng));
+      const uint16_t kb = conv(kx), vb = conv(vx);
+      r.k[size_t(t * r.stride + e)] = kb;
+      r.v[size_t(t * r.stride + e)] = vb;
+      const auto back = [&](uint16_t b) { return type == ElementType::kBFloat16 ? bf16_to_float(b) : fp16_to_float(b); };
+      r.k_amax = std::max(r.k_amax, std::fabs(back(kb)));
+      r.v_amax = std::max(r.v_amax, std::fabs(back(vb)));
+    }
+  return r;
+}
+
+std::vector<int64_t> paged_slots(const CacheDims& d, int64_t tokens, uint64_t seed, bool edge_cases) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> pages(size_t(d.pages));
+  std::iota(pages.begin(), pages.end(), 0);
+  std::shuffle(pages.begin(), pages.end(), rng);
+  std::vector<int64_t> s;
+  for (int64_t i = 0; i < tokens; ++i)
+    s.push_back(pages[size_t((i / d.tokens_per_page) % d.pages)] * d.tokens_per_page + i % d.tokens_per_page);
+  if (edge_cases && tokens > 3) {
+    s[1] = -1;
+    s[2] = d.pages * d.tokens_per_page;
+    // The last slot, unless the shuffled pages already hold it: one slot, one row
+    // (which of two rows lands in a duplicated slot is unspecified).
+    const int64_t last = d.pages * d.tokens_per_page - 1;
+    if (std::find(s.begin(), s.end(), last) == s.end()) s.push_back(last);
+  }
+  return s;
+}
+
+std::vector<int32_t> pages_of(const CacheDims& d, const std::vector<int64_t>& slots) {
+  std::vector<int32_t> table;
+  for (int64_t s : slots)
+    if (s >= 0 && s < d.pages * d.tokens_per_page &&
+        std::find(table.begin(), table.end(), int32_t(s / d.tokens_per_page)) == table.end())
+      table.push_back(int32_t(s / d.tokens_per_page));
+  return table;
+}
+
+std::vector<float> realistic_kv(int64_t tokens, int64_t heads, int64_t dim, bool keys, uint64_t seed,
+                                int64_t sink_tokens) {
+  std::mt19937_64 rng(seed);
+  std::student_t_distribution<float> t(4.0f);
+  std::lognormal_distribution<float> spread(0.0f, 0.5f);
+  std::vector<float> channel(size_t(heads * dim));
+  for (float& c : channel) c = spread(rng);
+  if (keys)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t c : {3 % dim, 37 % dim, 70 % dim, 101 % dim}) channel[size_t(h * dim + c)] *= 12.0f;
+  std::vector<float> x(size_t(tokens * heads * dim));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = t(rng) * channel[i % channel.size()] * (keys ? 1.0f : 0.5f);
+  std::uniform_real_distribution<float> big(10000.0f, 40000.0f);
+  for (int64_t s = 0; s < std::min(sink_tokens, tokens); ++s)
+    for (int64_t e = 0; e < heads * dim; e += 7) x[size_t(s * heads * dim + e)] = (rng() & 1 ? -1.0f : 1.0f) * big(rng);
+  return x;
+}
+
+}  // namespace nvfp4kv::harness

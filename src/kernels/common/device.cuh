@@ -1,0 +1,26 @@
+#pragma once
+// Small device helpers shared by the kernel families.
+#include <cstdint>
+
+namespace nvfp4kv::kernels {
+
+// Per-thread asynchronous 16-byte copy global -> shared (sm_80+), its group
+// commit and wait. A thread's groups complete in order.
+__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
+}
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// The quiet NaN of a 16-bit output type, twice: rows that must not pass for data.
+template <bool kBFloat16>
+__device__ __forceinline__ uint4 nan_chunk() {
+  const uint32_t nan2 = kBFloat16 ? 0x7FC07FC0u : 0x7E007E00u;
+  return make_uint4(nan2, nan2, nan2, nan2);
+}
+
+}  // namespace nvfp4kv::kernels
