@@ -63,4 +63,26 @@ std::string gather_problem(const ValidLayout& layout, const CacheBuffers& buffer
   return "";
 }
 
+std::string decode_problem(const ValidLayout& layout, const CacheBuffers& buffers, const DecodeArgs& a) {
+  if (std::string p = buffers_problem(layout, buffers, a.layer); !p.empty()) return p;
+  if (std::string p = scales_problem(a.k_global_scale, a.v_global_scale); !p.empty()) return p;
+  if (std::string p = batch_problem(a.batch, BatchForm::kLengthsOrOffsets); !p.empty()) return p;
+  const CacheDims& d = layout.layout().dims;
+  if (a.q_heads < 1 || a.q_heads % d.heads != 0)
+    return "q_heads must be a positive multiple of the layout's " + std::to_string(d.heads) + " kv heads, got " +
+           std::to_string(a.q_heads);
+  if (a.q_heads / d.heads > 16)
+    return "at most 16 query heads per kv head, got " + std::to_string(a.q_heads / d.heads);
+  if (a.q_token_stride != 0 && a.q_token_stride < a.q_heads * d.head_dim)
+    return "q_token_stride " + std::to_string(a.q_token_stride) + " is smaller than q_heads * head dim = " +
+           std::to_string(a.q_heads * d.head_dim);
+  if (!(a.softmax_scale > 0) || !(a.softmax_scale < 3.0e38f))
+    return "softmax_scale must be finite and > 0, got " + std::to_string(a.softmax_scale);
+  if (a.window < 0) return "window must be >= 0 (0: the whole sequence), got " + std::to_string(a.window);
+  if (!(a.softcap >= 0) || !(a.softcap < 3.0e38f))
+    return "softcap must be finite and >= 0 (0: off), got " + std::to_string(a.softcap);
+  if (a.batch.batch > 0 && (!a.q || !a.out)) return "the query and the output are required";
+  return "";
+}
+
 }  // namespace nvfp4kv

@@ -59,11 +59,40 @@ struct GatherArgs {
   NVFP4KV_HD void* out(Side s) const { return s == Side::kK ? k_out : v_out; }
 };
 
+// Paged decode attention: one query token per sequence against that sequence's
+// pages. out[b, h] = sum_t p_t V[t, kv(h)] with p = softmax over the sequence's
+// tokens (and the sink logit, when given) of logit_t = softcap(softmax_scale *
+// Q[b, h] . K[t, kv(h)]); kv(h) = h / (q_heads / kv heads). K and V are the
+// dequantized cache (e2m1 * block scale * global scale).
+struct DecodeArgs {
+  const void* q = nullptr;        // (batch, q_heads, D) rows of q_type; batch rows q_token_stride elements apart
+  ElementType q_type = ElementType::kBFloat16;  // bf16 or fp16; the output has the same type
+  int64_t q_heads = 0;            // a multiple of the layout's kv heads, at most 16 per kv head
+  int64_t q_token_stride = 0;     // elements between batch rows (0: q_heads * D)
+  BatchDescriptor batch;          // block tables and kv lengths (lengths or offsets form)
+  int64_t layer = 0;
+  float softmax_scale = 0;        // e.g. 1 / sqrt(D); > 0
+  const float* k_global_scale = nullptr;  // dequant multipliers; device memory for the GPU
+  const float* v_global_scale = nullptr;
+  int64_t window = 0;             // > 0: attend to the last `window` tokens of each sequence only
+  float softcap = 0;              // > 0: logits become softcap * tanh(logits / softcap)
+  const float* sinks = nullptr;   // optional (q_heads): a logit per head that joins the softmax
+                                  // denominator only (no value); device memory for the GPU
+  void* out = nullptr;            // (batch, q_heads, D) of q_type, contiguous
+  float* lse = nullptr;           // optional (batch, q_heads): natural log of the softmax denominator
+  DeviceStatus* status = nullptr; // optional counters (bad pages, bad lengths, bad global scales)
+  void* workspace = nullptr;      // GPU: decode_workspace_bytes(...) bytes, 256-byte aligned
+  size_t workspace_bytes = 0;
+
+  NVFP4KV_HD const float* global_scale(Side s) const { return s == Side::kK ? k_global_scale : v_global_scale; }
+};
+
 // Why the arguments cannot be used with this layout ("" when they can), by the
 // rules the GPU and the reference share; each names the argument. The GPU API
 // adds its own (alignment, supported element types).
 std::string buffers_problem(const ValidLayout& layout, const CacheBuffers& buffers, int64_t layer);
 std::string store_problem(const ValidLayout& layout, const CacheBuffers& buffers, const StoreArgs& args);
 std::string gather_problem(const ValidLayout& layout, const CacheBuffers& buffers, const GatherArgs& args);
+std::string decode_problem(const ValidLayout& layout, const CacheBuffers& buffers, const DecodeArgs& args);
 
 }  // namespace nvfp4kv
