@@ -39,6 +39,7 @@ DimsOverride dims_from(const Args& args);
 int run_demo(const std::vector<std::string>& argv);
 int run_layout(const std::vector<std::string>& argv);
 int run_roundtrip(const std::vector<std::string>& argv);
+int run_bench(const std::vector<std::string>& argv);
 
 // The round trip's table; returns whether it passed.
 bool print_roundtrip(const harness::RoundtripReport& report, std::ostream& out);

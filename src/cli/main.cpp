@@ -111,6 +111,8 @@ void usage(std::FILE* to) {
       "  nvfp4kv layout compare WRITER READER [sizes]  do two descriptions place every element alike?\n"
       "  nvfp4kv layout plan --layers L --kv-heads H --head-dim D (--memory BYTES | --pages P) [...]\n"
       "  nvfp4kv roundtrip --layout LAYOUT [sizes]  store then gather on the CPU reference and the GPU\n"
+      "  nvfp4kv bench decode [--batch B,...] [--context L,...] [--q-heads H] [--kv-heads H] [--head-dim D]\n"
+      "                       [--tokens-per-page N] [--layout LAYOUT] [--fp16] [--json]   time decode attention\n"
       "\n"
       "LAYOUT is a preset name or a JSON file (docs/layouts.md). sizes: --layers --pages --heads\n"
       "--head-dim --tokens-per-page, where the layout leaves them open.\n"
@@ -132,6 +134,7 @@ int main(int argc, char** argv) {
     if (cmd == "demo") return run_demo(rest);
     if (cmd == "layout") return run_layout(rest);
     if (cmd == "roundtrip") return run_roundtrip(rest);
+    if (cmd == "bench") return run_bench(rest);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       usage(stdout);
       return 0;

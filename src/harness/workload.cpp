@@ -89,4 +89,29 @@ std::vector<float> realistic_kv(int64_t tokens, int64_t heads, int64_t dim, bool
   return x;
 }
 
+std::vector<std::vector<uint8_t>> random_cache(const ValidLayout& valid, int64_t layer, uint64_t seed, uint8_t fill) {
+  const Layout& l = valid.layout();
+  const CacheDims& d = l.dims;
+  std::vector<std::vector<uint8_t>> bytes;
+  for (const Buffer& b : l.buffers) bytes.emplace_back(size_t(b.bytes), fill);
+  std::mt19937_64 rng(seed);
+  for (Region r : kAllRegions) {
+    std::vector<uint8_t>& buf = bytes[size_t(l.region(r).buffer)];
+    for (Coord c{layer, 0, 0, 0, 0}; c.page < d.pages; ++c.page)
+      for (c.head = 0; c.head < d.heads; ++c.head)
+        for (c.token = 0; c.token < d.tokens_per_page; ++c.token)
+          for (c.column = 0; c.column < d.columns(r); ++c.column) {
+            const uint64_t x = rng();
+            uint8_t v = uint8_t(x);
+            if (is_scale(r)) {
+              const uint32_t pick = uint32_t(x >> 8) % 64;
+              // E4M3 codes: exponent field 3..11 (2^-4 .. 2^4) any mantissa; 1 in 64 zero, 1 in 64 subnormal.
+              v = pick == 0 ? 0 : pick == 1 ? uint8_t(1 + (x >> 16) % 7) : uint8_t(((3 + (x >> 16) % 9) << 3) | ((x >> 24) & 7));
+            }
+            buf[size_t(l.offset(r, c))] = v;
+          }
+  }
+  return bytes;
+}
+
 }  // namespace nvfp4kv::harness

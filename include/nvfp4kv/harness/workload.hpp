@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "nvfp4kv/core/half.hpp"
-#include "nvfp4kv/core/layout_view.hpp"
+#include "nvfp4kv/core/layout.hpp"
 
 namespace nvfp4kv::harness {
 
@@ -44,5 +44,12 @@ std::vector<int32_t> pages_of(const CacheDims& d, const std::vector<int64_t>& sl
 // tokens of some models do.
 std::vector<float> realistic_kv(int64_t tokens, int64_t heads, int64_t dim, bool keys, uint64_t seed,
                                 int64_t sink_tokens = 0);
+
+// One layer's buffers of a layout, every element filled through the layout
+// with random NVFP4: uniform E2M1 codes, and block scales mostly spread over
+// 2^-4 .. 2^4 with a few zero and subnormal ones, never NaN. A valid cache of
+// any size without running a quantizer; bytes no element owns hold `fill`.
+std::vector<std::vector<uint8_t>> random_cache(const ValidLayout& layout, int64_t layer, uint64_t seed,
+                                               uint8_t fill = 0);
 
 }  // namespace nvfp4kv::harness

@@ -1,0 +1,35 @@
+#pragma once
+// Timing of decode attention on the GPU, as `nvfp4kv bench decode` runs it: the
+// cache in a page pool larger than the L2 (several rotated copies of the batch's
+// pages when one is small), one CUDA graph of several calls replayed, the median
+// per call, and the streaming-read ceiling measured in the same process.
+#include <string>
+#include <vector>
+
+#include "nvfp4kv/core/half.hpp"
+
+namespace nvfp4kv::harness {
+
+struct DecodeBenchShape {
+  int64_t batch = 1, context = 2048, q_heads = 32, kv_heads = 8, head_dim = 128, tokens_per_page = 16;
+  std::string layout = "nvfp4kv-native";
+  ElementType type = ElementType::kBFloat16;
+};
+
+struct DecodeBenchResult {
+  DecodeBenchShape shape;
+  double ms = 0;            // per call
+  double cache_bytes = 0;   // NVFP4 data + scales read per call
+  double tbs = 0;           // cache_bytes / time
+  int splits = 1;
+  bool dense = false;
+  double checked_rel_l2 = 0;  // of a small instance of the same shape against the fp64 reference
+};
+
+// Streaming read of 2 GiB with 16-byte loads: TB/s.
+double read_ceiling_tbs();
+
+// Throws Error when the shape does not fit in memory or the check fails.
+DecodeBenchResult bench_decode(const DecodeBenchShape& shape);
+
+}  // namespace nvfp4kv::harness

@@ -1,0 +1,35 @@
+#pragma once
+// Attention in double precision: the oracle the GPU decode kernel is compared
+// with (on the same dequantized cache), and the dense baseline the accuracy
+// table compares NVFP4 against (on unquantized K/V).
+#include <vector>
+
+#include "nvfp4kv/core/layout.hpp"
+#include "nvfp4kv/core/ops.hpp"
+
+namespace nvfp4kv::reference {
+
+struct AttentionOptions {
+  double softmax_scale = 1;
+  int64_t window = 0;       // > 0: the last `window` tokens only
+  double softcap = 0;       // > 0: softcap * tanh(logit / softcap)
+  const float* sinks = nullptr;  // (q_heads) or null
+};
+
+// One query row per (sequence, head). q: (q_heads, D); k, v: (tokens, kv_heads, D).
+// out: (q_heads, D); lse: (q_heads), natural log of the denominator (sink included).
+void attend(const double* q, int64_t q_heads, const double* k, const double* v, int64_t tokens, int64_t kv_heads,
+            int64_t head_dim, const AttentionOptions& options, double* out, double* lse);
+
+struct DecodeResult {
+  std::vector<double> out;  // (batch, q_heads, D)
+  std::vector<double> lse;  // (batch, q_heads)
+};
+
+// decode_attention's definition on host pointers (DecodeArgs: q, block table,
+// lengths, global scales, sinks are read; out, lse, workspace are not used).
+// Bad entries are handled as the GPU does: counted in args.status, and the
+// sequence's outputs are NaN.
+DecodeResult decode_attention(const ValidLayout& layout, const CacheBuffers& buffers, const DecodeArgs& args);
+
+}  // namespace nvfp4kv::reference

@@ -1,0 +1,70 @@
+// Host API of decode attention: core's argument rules, the GPU's own, the
+// geometry from the shape, then one launch (two when split).
+#include "nvfp4kv/api/decode.hpp"
+
+#include "../kernels/decode/params.hpp"
+#include "nvfp4kv/api/kv_cache.hpp"
+#include "launch_checks.hpp"
+
+namespace nvfp4kv {
+namespace {
+
+// Checks and the geometry: what plan_decode and decode_attention share.
+Result prepare(const ValidLayout& layout, const DecodeArgs& a, kernels::DecodeParams& p) {
+  const char* who = "decode_attention";
+  const CacheDims& d = layout.layout().dims;
+  if (a.q_type != ElementType::kBFloat16 && a.q_type != ElementType::kFloat16)
+    return api::invalid(who, std::string("the query must be bf16 or fp16, got ") + element_type_name(a.q_type));
+  if (d.tokens_per_page > INT32_MAX) return {Status::kUnsupported, "decode_attention: more than 2^31 - 1 tokens per page"};
+  std::string why;
+  if (!cuda_device_available(&why)) return {Status::kUnsupported, std::string(who) + ": " + why};
+  p.args = a;
+  std::string unsupported;
+  if (Result r = api::from_cuda(kernels::plan_decode_geometry(p, &unsupported), who); !r.ok()) return r;
+  if (!unsupported.empty()) return {Status::kUnsupported, std::string(who) + ": " + unsupported};
+  return {};
+}
+
+}  // namespace
+
+Result plan_decode(const ValidLayout& layout, int64_t batch, int64_t q_heads, int64_t block_table_stride,
+                   DecodePlan* plan) {
+  DecodeArgs a;
+  a.q_heads = q_heads;
+  a.batch.batch = batch;
+  a.batch.block_table_stride = block_table_stride;
+  const CacheDims& d = layout.layout().dims;
+  if (q_heads < 1 || q_heads % d.heads != 0 || q_heads / d.heads > 16)
+    return api::invalid("plan_decode", "q_heads must be a multiple of the " + std::to_string(d.heads) +
+                                           " kv heads, at most 16 per kv head, got " + std::to_string(q_heads));
+  if (batch < 0 || batch > 65535 || block_table_stride < 1)
+    return api::invalid("plan_decode", "batch must be in [0, 65535] and the block-table stride >= 1");
+  kernels::DecodeParams p{.layout = layout.view(), .cache = {}, .args = {}, .geometry = {}};
+  if (Result r = prepare(layout, a, p); !r.ok()) return r;
+  *plan = {.splits = p.geometry.splits, .entries_per_split = p.geometry.entries_per_split,
+           .workspace_bytes = p.geometry.workspace_bytes, .dense_planes = p.geometry.dense};
+  return {};
+}
+
+Result decode_attention(const ValidLayout& layout, const CacheBuffers& buffers, const DecodeArgs& a,
+                        cudaStream_t stream) {
+  const char* who = "decode_attention";
+  if (std::string p = decode_problem(layout, buffers, a); !p.empty()) return api::invalid(who, p);
+  if (Result r = api::gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
+  if (a.batch.batch == 0) return {};
+  if (!api::aligned(a.q, 16) || !api::aligned(a.out, 16)) return api::invalid(who, "query and output must be 16-byte aligned");
+  if (a.q_token_stride % 8 != 0)
+    return api::invalid(who, "q_token_stride must be a multiple of 8 elements, got " + std::to_string(a.q_token_stride));
+  kernels::DecodeParams p{.layout = layout.view(), .cache = buffers, .args = {}, .geometry = {}};
+  if (Result r = prepare(layout, a, p); !r.ok()) return r;
+  if (p.geometry.workspace_bytes > 0) {
+    if (!a.workspace || a.workspace_bytes < p.geometry.workspace_bytes)
+      return api::invalid(who, "this shape splits each sequence over " + std::to_string(p.geometry.splits) +
+                                   " blocks and needs a workspace of " + std::to_string(p.geometry.workspace_bytes) +
+                                   " bytes (plan_decode), got " + std::to_string(a.workspace_bytes));
+    if (!api::aligned(a.workspace, 256)) return api::invalid(who, "the workspace must be 256-byte aligned");
+  }
+  return api::from_cuda(kernels::launch_decode(p, stream), who);
+}
+
+}  // namespace nvfp4kv

@@ -1,0 +1,94 @@
+// nvfp4kv bench decode: time decode attention on the GPU over a grid of shapes
+// (harness/decode_bench.hpp does the work) and print a table or JSON lines.
+#include <iostream>
+#include <sstream>
+
+#include "cli.hpp"
+#if defined(NVFP4KV_HAVE_CUDA)
+#include "nvfp4kv/api/kv_cache.hpp"
+#include "nvfp4kv/harness/decode_bench.hpp"
+#endif
+
+namespace nvfp4kv::cli {
+namespace {
+
+std::vector<int64_t> integer_list(const Args& a, const std::string& name, int64_t fallback) {
+  const auto text = a.get(name);
+  if (!text) return {fallback};
+  std::vector<int64_t> out;
+  std::stringstream s(*text);
+  std::string item;
+  while (std::getline(s, item, ',')) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v < 1)
+      throw UsageError("--" + name + " expects positive integers separated by commas, got \"" + *text + "\"");
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+int run_bench(const std::vector<std::string>& argv) {
+  if (argv.empty() || argv[0] != "decode") throw UsageError("bench needs a kernel: bench decode [options]");
+  const Args a(std::vector<std::string>(argv.begin() + 1, argv.end()), {"json", "fp16"},
+               {"batch", "context", "q-heads", "kv-heads", "head-dim", "tokens-per-page", "layout", "max-gib"});
+  if (!a.positional().empty()) throw UsageError("unexpected argument \"" + a.positional()[0] + "\"");
+  const auto batches = integer_list(a, "batch", 8), contexts = integer_list(a, "context", 8192);
+  const auto q_heads = integer_list(a, "q-heads", 32), kv_heads = integer_list(a, "kv-heads", 8);
+  const auto dims = integer_list(a, "head-dim", 128);
+  const int64_t page = a.integer("tokens-per-page").value_or(16);
+  const double max_bytes = double(a.integer("max-gib").value_or(40)) * double(int64_t(1) << 30);
+#if defined(NVFP4KV_HAVE_CUDA)
+  std::string why;
+  if (!cuda_device_available(&why)) {
+    std::cerr << "nvfp4kv bench: " << why << "; decode attention needs a GPU\n";
+    return 1;
+  }
+  const bool json = a.flag("json");
+  const double ceiling = harness::read_ceiling_tbs();
+  if (json) std::cout << "{\"ceiling_read_tbs\": " << ceiling << "}\n";
+  else std::cout << "streaming-read ceiling " << ceiling << " TB/s\n";
+  for (int64_t h : kv_heads)
+    for (int64_t qh : q_heads)
+      for (int64_t dim : dims)
+        for (int64_t b : batches)
+          for (int64_t ctx : contexts) {
+            if (qh % h != 0) continue;
+            harness::DecodeBenchShape shape{b, ctx, qh, h, dim, page, a.get("layout").value_or("nvfp4kv-native"),
+                                            a.flag("fp16") ? ElementType::kFloat16 : ElementType::kBFloat16};
+            const double bytes = double(b) * ctx * h * 2 * (dim / 2 + dim / 16);
+            if (bytes > max_bytes) {
+              std::cerr << "skipped: batch " << b << " x context " << ctx << " needs " << bytes / 1e9
+                        << " GB of cache, above --max-gib\n";
+              continue;
+            }
+            const harness::DecodeBenchResult r = harness::bench_decode(shape);
+            if (json)
+              std::cout << "{\"batch\": " << b << ", \"context\": " << ctx << ", \"q_heads\": " << qh
+                        << ", \"kv_heads\": " << h << ", \"head_dim\": " << dim << ", \"ms\": " << r.ms
+                        << ", \"cache_bytes\": " << r.cache_bytes << ", \"tbs\": " << r.tbs
+                        << ", \"of_ceiling\": " << r.tbs / ceiling << ", \"splits\": " << r.splits
+                        << ", \"dense\": " << (r.dense ? "true" : "false") << ", \"checked_rel_l2\": " << r.checked_rel_l2
+                        << ", \"layout\": \"" << shape.layout << "\"}" << std::endl;
+            else
+              std::cout << "batch " << b << " context " << ctx << " heads " << qh << "/" << h << " D " << dim << ": "
+                        << r.ms * 1e3 << " us, " << r.tbs << " TB/s (" << 100 * r.tbs / ceiling
+                        << " % of the read ceiling), " << r.splits << " splits, "
+                        << (r.dense ? "whole planes" : "row by row") << std::endl;
+          }
+  return 0;
+#else
+  (void)batches, (void)contexts, (void)q_heads, (void)kv_heads, (void)dims, (void)page, (void)max_bytes;
+  std::cerr << "nvfp4kv bench: this nvfp4kv was built without CUDA (no nvcc at configure time)\n";
+  return 1;
+#endif
+}
+
+}  // namespace nvfp4kv::cli

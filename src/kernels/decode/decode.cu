@@ -1,0 +1,762 @@
+// Fused paged decode attention over the NVFP4 cache.
+//
+// A thread block owns (split, kv head, sequence): the query heads of one GQA
+// group against one range of the sequence's block table. Pages stream into
+// shared-memory stages (whole (page, head) planes by the bulk-copy engine when
+// the layout's planes are dense and aligned, else row by row with cp.async into
+// a canonical plane), several stages ahead. Each of the 4 warps takes 16 tokens
+// of a stage at a time:
+//  - S^T = Q K^T on FP16 tensor cores (m16n8k16): M = the group's query heads,
+//    N = 8 tokens, K = 16 columns of D. A lane's K operand is 4 E2M1 values of
+//    one token; they become FP16 by bit placement (place_e2m1: e2m1 * 2^-14,
+//    exact) times the token's block scale in FP16 (exact: <= 6 significant
+//    bits, >= 2^-24), so each K element is dequantized once per block, in 2 logic
+//    ops and half a multiply, and serves every query head of the group.
+//  - online softmax in base 2 on the FP32 accumulators (the FP32 global scales
+//    and the query's power-of-two prescale fold into one multiplier per row).
+//  - O += P V: V is dequantized the same way into a per-warp scratch tile and
+//    read back transposed by ldmatrix (V's reduction runs over tokens, its bytes
+//    pair columns).
+// The warps' partial (max, sum, O) are combined in shared memory; with one split
+// that is the output, else a partial in the workspace that the merge kernel
+// combines per (sequence, query head). The reduction order over D inside one
+// MMA is a fixed permutation of D, applied to Q and K alike.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "../common/dispatch.cuh"
+#include "params.hpp"
+#include "tensor_ops.cuh"
+
+namespace nvfp4kv::kernels {
+namespace decode {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kSlab = 16;           // tokens a warp takes at a time
+constexpr int kMaxStageTokens = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Byte offset, inside a token's data row, of data word w (8 elements) of lane
+// column c: lanes 0-3 of a row split the row's 16-byte chunks between them.
+template <int kD>
+__device__ __forceinline__ int word_offset(int c, int w) {
+  if constexpr (kD == 64) return 8 * c + 4 * w;
+  else return 16 * c + 64 * (w / 4) + 4 * (w % 4);
+}
+
+// Element k of a data word at byte offset b is column 2b + k of the row; the
+// placed pairs are (k, k + 4) (place_e2m1). Mapping of a V scratch column p of an
+// 8-column unit back to its element: (0, 4, 1, 5, 2, 6, 3, 7).
+__device__ __forceinline__ int unit_element(int p) { return (p >> 1) + 4 * (p & 1); }
+
+// The per-block shared memory: stages (reused for the final combine), per-token
+// address tables, the query, the warps' V scratch tiles and the barriers.
+struct Smem {
+  uint8_t* stage;
+  uint32_t *kdata_row, *kscale_row, *vdata_row, *vscale_row;  // (stage tokens) byte offsets inside a stage
+  uint8_t* slot_of;                                           // (stage tokens) page slot of a stage token
+  uint32_t *kscale_col, *vscale_col;                          // (D / 16) offsets of a group in a scale row
+  __half* q;                                                  // (16, D) the query rows, prescaled
+  float* row_scale;                                           // (16) logit multiplier per query row
+  __half* scratch;                                            // (warps, 16, D) dequantized V
+  unsigned long long* page_ok;                                // (stages) bit p: page slot p was loaded
+  uint64_t* bars;                                             // (stages)
+  int* flags;                                                 // [0]: a bad page was met
+};
+
+struct Carve {
+  size_t at = 0;
+  template <typename T>
+  __host__ __device__ T* take(char* base, size_t count, size_t align = 16) {
+    at = (at + align - 1) / align * align;
+    T* p = reinterpret_cast<T*>(base + at);
+    at += count * sizeof(T);
+    return p;
+  }
+};
+
+template <int kD>
+__host__ __device__ size_t carve(char* base, const DecodeGeometry& g, int64_t n, Smem* s) {
+  const int stage_tokens = g.pages_per_stage * int(n);
+  const int tokens = (stage_tokens + kSlab - 1) / kSlab * kSlab;
+  const size_t stage_area = std::max<size_t>(size_t(g.stages) * g.pages_per_stage * g.slot_bytes,
+                                             size_t(kWarps) * 16 * kD * sizeof(float) + 2 * kWarps * 16 * sizeof(float));
+  Carve c;
+  Smem m;
+  m.stage = c.take<uint8_t>(base, stage_area, 128);
+  m.kdata_row = c.take<uint32_t>(base, tokens);
+  m.kscale_row = c.take<uint32_t>(base, tokens);
+  m.vdata_row = c.take<uint32_t>(base, tokens);
+  m.vscale_row = c.take<uint32_t>(base, tokens);
+  m.slot_of = c.take<uint8_t>(base, tokens);
+  m.kscale_col = c.take<uint32_t>(base, kD / 16);
+  m.vscale_col = c.take<uint32_t>(base, kD / 16);
+  m.q = c.take<__half>(base, 16 * kD);
+  m.row_scale = c.take<float>(base, 16);
+  m.scratch = c.take<__half>(base, size_t(kWarps) * kSlab * kD, 128);
+  m.page_ok = c.take<unsigned long long>(base, g.stages, 8);
+  m.bars = c.take<uint64_t>(base, g.stages, 8);
+  m.flags = c.take<int>(base, 4);
+  if (s) *s = m;
+  return c.at;
+}
+
+// Who a thread is and what its block owns.
+struct DecodeThread {
+  int tid, warp, lane;
+  int64_t split, kv_head, seq;
+};
+
+// The block's share of its sequence: entries [first, last) of the block table,
+// tokens [window_start, length) of the sequence.
+struct Span {
+  int64_t length, window_start, first, last;
+  bool bad_length;
+};
+
+template <int kD, int kGroupRows, ElementType kType>
+struct DecodeBlock {
+  const DecodeParams& p;
+  const Smem& s;
+  const DecodeThread& th;
+  const Span& span;
+  int64_t n;           // tokens per page
+  int stage_tokens;    // pages_per_stage * n
+  int slabs;           // per stage
+
+  static constexpr int kKSteps = kD / 16;
+  static constexpr int kWords = kD / 32;  // data words per lane per token row
+  static constexpr int kRows = kGroupRows == 16 ? 2 : 1;  // row halves a lane holds (g, g + 8)
+
+  __device__ int64_t stage_entry(int64_t j) const { return span.first + j * p.geometry.pages_per_stage; }
+
+  // ---- loading ---------------------------------------------------------------
+  // Bulk mode: thread 0 copies each loaded page's four planes, completing on the
+  // stage's barrier. Row mode: every thread copies rows into the canonical planes.
+  __device__ void issue(int64_t j) {
+    const DecodeGeometry& g = p.geometry;
+    const CacheDims& d = p.layout.dims();
+    const int slot = int(j % g.stages);
+    uint8_t* const dst = s.stage + size_t(slot) * g.pages_per_stage * g.slot_bytes;
+    if (g.dense) {
+      if (th.tid != 0) return;
+      unsigned long long ok = 0;
+      unsigned bytes = 0;
+      for (int q = 0; q < g.pages_per_stage; ++q) {
+        const int64_t e = stage_entry(j) + q;
+        if (e >= span.last || note_page(e) < 0) continue;
+        ok |= 1ull << q;
+        for (int ri = 0; ri < kRegionCount; ++ri) bytes += plane_bytes(Region(ri));
+      }
+      s.page_ok[slot] = ok;
+      fence_proxy_async();
+      mbarrier_arrive_expect(&s.bars[slot], bytes);
+      for (int q = 0; q < g.pages_per_stage; ++q) {
+        if (!((ok >> q) & 1ull)) continue;
+        const int64_t page = page_of(p.args.batch, th.seq, stage_entry(j) + q, d.pages);
+        for (int ri = 0; ri < kRegionCount; ++ri) {
+          const Region r = Region(ri);
+          const TileMap tile = p.layout.tile(r, p.args.layer, page, th.kv_head);
+          const uint8_t* src = p.cache.ptr[p.layout.region(r).buffer] + tile.base;
+          bulk_copy(dst + size_t(q) * g.slot_bytes + g.plane_offset[ri], src, unsigned(plane_bytes(r)), &s.bars[slot]);
+        }
+      }
+      return;
+    }
+    // Row mode.
+    unsigned long long ok = 0;
+    for (int q = 0; q < g.pages_per_stage; ++q) {
+      const int64_t e = stage_entry(j) + q;
+      if (e >= span.last) continue;
+      const int64_t page = th.tid == 0 ? note_page(e) : page_of(p.args.batch, th.seq, e, d.pages);
+      if (page < 0) continue;
+      ok |= 1ull << q;
+      for (int ri = 0; ri < kRegionCount; ++ri) copy_rows(Region(ri), page, dst + size_t(q) * g.slot_bytes + g.plane_offset[ri]);
+    }
+    if (th.tid == 0) s.page_ok[slot] = ok;
+  }
+
+  // Page of entry e (thread 0): counts and flags a bad entry.
+  __device__ int64_t note_page(int64_t e) const {
+    const CacheDims& d = p.layout.dims();
+    const int64_t page = page_of(p.args.batch, th.seq, e, d.pages);
+    if (page < 0) {
+      s.flags[0] = 1;
+      const int64_t tokens = min(n, span.length - e * n);
+      if (th.kv_head == 0 && p.args.status && tokens > 0)
+        atomicAdd(&p.args.status->bad_pages, (unsigned long long)tokens);
+    }
+    return page;
+  }
+
+  __device__ int plane_bytes(Region r) const {
+    return int(n) * (is_scale(r) ? kD / 16 : kD / 2);
+  }
+
+  // One page's rows of region r into its canonical plane (row t at t * row bytes),
+  // as wide as the layout's alignment allows.
+  __device__ void copy_rows(Region r, int64_t page, uint8_t* plane) const {
+    const CacheDims& d = p.layout.dims();
+    const int64_t cols = d.columns(r);
+    const int row = is_scale(r) ? kD / 16 : kD / 2;
+    int width = p.layout.vector_bytes(r);
+    while (width > 1 && (cols % width != 0 || row % width != 0)) width /= 2;
+    const int64_t chunks = cols / width;
+    for (int64_t i = th.tid; i < n * chunks; i += kThreads) {
+      const int64_t t = i / chunks, col = (i % chunks) * width;
+      const uint8_t* src = element_address(p.layout, p.cache, r, {p.args.layer, page, t, th.kv_head, col});
+      uint8_t* to = plane + t * row + col;
+      switch (width) {
+        case 16: copy_async<16>(to, src); break;
+        case 8: copy_async<8>(to, src); break;
+        case 4: copy_async<4>(to, src); break;
+        default:
+          for (int k = 0; k < width; ++k) to[k] = src[k];
+      }
+    }
+  }
+
+  // ---- tables ----------------------------------------------------------------
+  __device__ void build_tables() const {
+    const DecodeGeometry& g = p.geometry;
+    const int padded = (stage_tokens + kSlab - 1) / kSlab * kSlab;
+    const TileMap kd = p.layout.tile(Region::kKData, 0, 0, 0), ks = p.layout.tile(Region::kKScale, 0, 0, 0);
+    const TileMap vd = p.layout.tile(Region::kVData, 0, 0, 0), vs = p.layout.tile(Region::kVScale, 0, 0, 0);
+    for (int i = th.tid; i < padded; i += kThreads) {
+      const int slot = i < stage_tokens ? int(i / n) : 0;
+      const int64_t t = i < stage_tokens ? i % n : 0;
+      const uint32_t base = uint32_t(slot * g.slot_bytes);
+      const auto row = [&](Region r, const TileMap& tile) {
+        const int64_t at = g.dense ? tile.token(t) : t * (is_scale(r) ? kD / 16 : kD / 2);
+        return base + uint32_t(g.plane_offset[int(r)] + at);
+      };
+      s.kdata_row[i] = row(Region::kKData, kd);
+      s.kscale_row[i] = row(Region::kKScale, ks);
+      s.vdata_row[i] = row(Region::kVData, vd);
+      s.vscale_row[i] = row(Region::kVScale, vs);
+      s.slot_of[i] = uint8_t(slot);
+    }
+    for (int c = th.tid; c < kD / 16; c += kThreads) {
+      s.kscale_col[c] = uint32_t(g.dense ? ks.column(c) : c);
+      s.vscale_col[c] = uint32_t(g.dense ? vs.column(c) : c);
+    }
+  }
+
+  // The group's query rows as FP16, each scaled by a power of two that puts its
+  // largest element in [2^14, 2^15) (BF16 queries have FP32's range); the
+  // logit multiplier of the row undoes it and carries K's FP32 global scale and
+  // the 2^14 of the E2M1 placement.
+  __device__ void load_query(float k_global_scale) const {
+    const CacheDims& d = p.layout.dims();
+    const DecodeArgs& a = p.args;
+    const int64_t token_stride = a.q_token_stride ? a.q_token_stride : a.q_heads * d.head_dim;
+    const uint16_t* q = static_cast<const uint16_t*>(a.q) + th.seq * token_stride;
+    for (int r = th.warp; r < 16; r += kWarps) {
+      float v[kD / 32];
+      float amax = 0;
+#pragma unroll
+      for (int k = 0; k < kD / 32; ++k) {
+        const int col = th.lane + 32 * k;
+        v[k] = 0;
+        if (r < p.geometry.group && col < d.head_dim) {
+          const uint16_t bits = q[(th.kv_head * p.geometry.group + r) * d.head_dim + col];
+          v[k] = kType == ElementType::kBFloat16 ? __uint_as_float(uint32_t(bits) << 16)
+                                                 : __half2float(__ushort_as_half(bits));
+        }
+        amax = fmaxf(amax, fabsf(v[k]));
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+      int shift = 0;
+      if (amax > 0 && amax <= 3.0e38f) shift = 14 - ilogbf(amax);
+#pragma unroll
+      for (int k = 0; k < kD / 32; ++k) s.q[r * kD + th.lane + 32 * k] = __float2half_rn(ldexpf(v[k], shift));
+      if (th.lane == 0) s.row_scale[r] = ldexpf(a.softmax_scale * k_global_scale, 14 - shift) * kLog2e;
+    }
+  }
+
+  // ---- one slab of 16 tokens -------------------------------------------------
+  // O^T (rows: D, columns: query heads), as m16n8 tiles: D / 16 tiles per 8 heads.
+  struct State {
+    float o[kRows][kD / 16][4];
+    float m[kRows], l[kRows];  // running max and sum of the lane's query rows g, g + 8
+  };
+
+  __device__ bool token_valid(int i, int64_t first_token, unsigned long long ok) const {
+    const int64_t tau = first_token + i;
+    return i < stage_tokens && tau >= span.window_start && tau < span.length &&
+           ((ok >> s.slot_of[i]) & 1ull) != 0;
+  }
+
+  __device__ void slab(const uint32_t (&aq)[kD / 16][4], const uint8_t* st, int first, int64_t first_token,
+                       unsigned long long ok, State& state, float softcap) const {
+    const int g = th.lane >> 2, c = th.lane & 3;
+    // S^T (rows: query heads, columns: tokens), two tiles of 8 tokens.
+    float sacc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
+      const int i = first + 8 * j + g;
+      const uint8_t* row = st + s.kdata_row[i];
+      const uint8_t* srow = st + s.kscale_row[i];
+      uint32_t words[kWords];
+      if constexpr (kD == 64) {
+        const uint2 v = *reinterpret_cast<const uint2*>(row + word_offset<kD>(c, 0));
+        words[0] = v.x, words[1] = v.y;
+      } else {
+#pragma unroll
+        for (int k = 0; k < kWords / 4; ++k) {
+          const uint4 v = *reinterpret_cast<const uint4*>(row + word_offset<kD>(c, 4 * k));
+          words[4 * k] = v.x, words[4 * k + 1] = v.y, words[4 * k + 2] = v.z, words[4 * k + 3] = v.w;
+        }
+      }
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) {
+        const uint32_t word = words[w];
+        const uint32_t sc = scale_pair(srow[s.kscale_col[word_offset<kD>(c, w) / 8]]);
+        uint32_t r[4];
+        place_e2m1(word, r);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) r[k] = hmul2(r[k], sc);
+        mma_16816(sacc[j], aq[2 * w][0], aq[2 * w][1], aq[2 * w][2], aq[2 * w][3], r[0], r[1]);
+        mma_16816(sacc[j], aq[2 * w + 1][0], aq[2 * w + 1][1], aq[2 * w + 1][2], aq[2 * w + 1][3], r[2], r[3]);
+      }
+    }
+    // Logits in base 2, masked, and the online softmax of each row.
+    float x[kRows][4];
+    bool valid[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) valid[k] = token_valid(first + 8 * (k / 2) + 2 * c + (k & 1), first_token, ok);
+#pragma unroll
+    for (int h = 0; h < kRows; ++h) {
+      const float scale = s.row_scale[g + 8 * h];
+      float mx = kNegInf;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float y = sacc[k / 2][2 * h + (k & 1)] * scale;
+        if (softcap > 0) y = softcap * kLog2e * tanhf(y / (softcap * kLog2e));
+        x[h][k] = valid[k] ? y : kNegInf;
+        mx = fmaxf(mx, x[h][k]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+      const float m_new = fmaxf(state.m[h], mx);
+      const float m_use = m_new == kNegInf ? 0.0f : m_new;
+      const float alpha = exp2f(state.m[h] - m_use);
+      float sum = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) sum += (x[h][k] = exp2f(x[h][k] - m_use));
+      state.l[h] = state.l[h] * alpha + sum;
+      state.m[h] = m_new;
+      // O^T's columns are heads 2c, 2c + 1 of this half: their rows' factors.
+      if (__any_sync(0xFFFFFFFFu, alpha != 1.0f)) {
+        const float a0 = __shfl_sync(0xFFFFFFFFu, alpha, 8 * c), a1 = __shfl_sync(0xFFFFFFFFu, alpha, 8 * c + 4);
+#pragma unroll
+        for (int mt = 0; mt < kD / 16; ++mt) {
+          state.o[h][mt][0] *= a0, state.o[h][mt][1] *= a1, state.o[h][mt][2] *= a0, state.o[h][mt][3] *= a1;
+        }
+      }
+    }
+    const uint32_t ap0 = pack_half2(x[0][0], x[0][1]), ap2 = pack_half2(x[0][2], x[0][3]);
+    const uint32_t ap1 = kRows == 2 ? pack_half2(x[kRows - 1][0], x[kRows - 1][1]) : 0u;
+    const uint32_t ap3 = kRows == 2 ? pack_half2(x[kRows - 1][2], x[kRows - 1][3]) : 0u;
+
+    // V: dequantize the slab into this warp's scratch (row = token, 16-byte
+    // units XOR-swizzled by the row), then O += P V with V read transposed.
+    __half* scratch = s.scratch + size_t(th.warp) * kSlab * kD;
+    constexpr int kChunks = kD / 32;  // 16-byte chunks of a V data row
+#pragma unroll
+    for (int k = 0; k < kSlab * kChunks / 32; ++k) {
+      const int u = th.lane + 32 * k, t = u / kChunks, q = u % kChunks;
+      const int i = first + t;
+      const bool live = token_valid(i, first_token, ok);
+      const uint4 words = *reinterpret_cast<const uint4*>(st + s.vdata_row[i] + 16 * q);
+      const uint8_t* srow = st + s.vscale_row[i];
+      const uint32_t s0 = live ? scale_pair(srow[s.vscale_col[2 * q]]) : 0u;
+      const uint32_t s1 = live ? scale_pair(srow[s.vscale_col[2 * q + 1]]) : 0u;
+      const uint32_t w4[4] = {words.x, words.y, words.z, words.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint32_t r[4];
+        place_e2m1(w4[w], r);
+        const uint32_t sc = w < 2 ? s0 : s1;
+        const int unit = (4 * q + w) ^ (t & 7);
+        *reinterpret_cast<uint4*>(scratch + t * kD + 8 * unit) =
+            make_uint4(hmul2(r[0], sc), hmul2(r[1], sc), hmul2(r[2], sc), hmul2(r[3], sc));
+      }
+    }
+    __syncwarp();
+    // O^T += V^T P^T: V^T's 16 x 16 tile (rows: D, columns: tokens) comes from the
+    // scratch transposed; P^T is the S^T accumulators' layout as it stands.
+#pragma unroll
+    for (int mt = 0; mt < kD / 16; ++mt) {
+      const int mi = th.lane >> 3, t = 8 * (mi >> 1) + (th.lane & 7), unit = 2 * mt + (mi & 1);
+      uint32_t v[4];
+      ldmatrix_x4_trans(v, scratch + t * kD + 8 * (unit ^ (t & 7)));
+      mma_16816(state.o[0][mt], v[0], v[1], v[2], v[3], ap0, ap2);
+      if constexpr (kRows == 2) mma_16816(state.o[kRows - 1][mt], v[0], v[1], v[2], v[3], ap1, ap3);
+    }
+    __syncwarp();  // the next slab overwrites the scratch
+  }
+};
+
+template <int kD, int kGroupRows, ElementType kType>
+__device__ void decode_device(const DecodeParams& p, char* smem_raw, const DecodeThread& th) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const DecodeGeometry& g = p.geometry;
+  const DecodeArgs& a = p.args;
+  const CacheDims& d = p.layout.dims();
+  const int64_t n = d.tokens_per_page;
+  Smem s;
+  carve<kD>(smem_raw, g, n, &s);
+
+  // The block's span of its sequence.
+  const SequenceLength len = sequence_length(a.batch, th.seq, n);
+  Span span;
+  span.length = len.tokens;
+  span.bad_length = len.bad;
+  span.window_start = a.window > 0 ? max(int64_t(0), span.length - a.window) : 0;
+  span.first = max(th.split * g.entries_per_split, span.window_start / n);
+  span.last = min((th.split + 1) * g.entries_per_split, (span.length + n - 1) / n);
+  const float kgs = *a.k_global_scale, vgs = *a.v_global_scale;
+  const bool scales_ok = global_scale_usable(kgs) && global_scale_usable(vgs);
+  const bool counter = th.tid == 0 && th.kv_head == 0 && th.split == 0;
+  if (counter && a.status && len.bad) atomicAdd(&a.status->bad_lengths, 1ull);
+  if (counter && a.status && !scales_ok) atomicAdd(&a.status->bad_global_scale, (unsigned long long)span.length);
+  if (!scales_ok || len.bad) span.last = span.first;  // read nothing; the outputs become NaN below
+
+  DecodeBlock<kD, kGroupRows, kType> block{p, s, th, span, n, g.pages_per_stage * int(n), 0};
+  block.slabs = (block.stage_tokens + kSlab - 1) / kSlab;
+  const int64_t stages = span.last > span.first ? (span.last - span.first + g.pages_per_stage - 1) / g.pages_per_stage : 0;
+
+  if (th.tid == 0) {
+    s.flags[0] = 0;
+    for (int k = 0; k < g.stages; ++k) mbarrier_init(&s.bars[k], 1);
+  }
+  // Row mode leaves a canonical plane's padding (columns past D) untouched: zero it once.
+  if (!g.dense)
+    for (size_t i = th.tid * 16; i < size_t(g.stages) * g.pages_per_stage * g.slot_bytes; i += kThreads * 16)
+      *reinterpret_cast<uint4*>(s.stage + i) = make_uint4(0, 0, 0, 0);
+  block.build_tables();
+  block.load_query(kgs);
+  __syncthreads();
+
+  // The query fragments (A operand of S^T = Q K^T), in the permuted column order
+  // the K fragments use (word_offset, place_e2m1).
+  const int gr = th.lane >> 2, c = th.lane & 3;
+  uint32_t aq[kD / 16][4];
+#pragma unroll
+  for (int st = 0; st < kD / 16; ++st) {
+    const int col = 2 * word_offset<kD>(c, st / 2) + 2 * (st % 2);
+    const auto pair = [&](int row, int k0) {
+      const __half lo = s.q[row * kD + col + k0], hi = s.q[row * kD + col + k0 + 4];
+      const __half2 h = __halves2half2(lo, hi);
+      return *reinterpret_cast<const uint32_t*>(&h);
+    };
+    aq[st][0] = pair(gr, 0);
+    aq[st][2] = pair(gr, 1);
+    aq[st][1] = kGroupRows == 16 ? pair(gr + 8, 0) : 0u;
+    aq[st][3] = kGroupRows == 16 ? pair(gr + 8, 1) : 0u;
+  }
+
+  typename DecodeBlock<kD, kGroupRows, kType>::State state;
+  for (int h = 0; h < block.kRows; ++h) {
+#pragma unroll
+    for (int mt = 0; mt < kD / 16; ++mt) state.o[h][mt][0] = state.o[h][mt][1] = state.o[h][mt][2] = state.o[h][mt][3] = 0.0f;
+    state.m[h] = kNegInf, state.l[h] = 0.0f;
+  }
+
+  // The pipeline: stages j .. j + stages - 1 in flight while stage j is consumed.
+  for (int64_t j = 0; j < g.stages; ++j) {
+    if (j < stages) block.issue(j);
+    if (!g.dense) asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+  for (int64_t j = 0; j < stages; ++j) {
+    const int slot = int(j % g.stages);
+    if (g.dense) {
+      mbarrier_wait(&s.bars[slot], unsigned((j / g.stages) & 1));
+    } else {
+      switch (g.stages) {
+        case 2: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+        case 3: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+        default: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+      }
+      __syncthreads();
+    }
+    const uint8_t* st = s.stage + size_t(slot) * g.pages_per_stage * g.slot_bytes;
+    const unsigned long long ok = s.page_ok[slot];
+    const int64_t first_token = block.stage_entry(j) * n;
+    for (int sl = th.warp; sl < block.slabs; sl += kWarps)
+      block.slab(aq, st, sl * kSlab, first_token, ok, state, a.softcap);
+    __syncthreads();  // every warp is done with this slot
+    if (j + g.stages < stages) block.issue(j + g.stages);
+    if (!g.dense) asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+  if (!g.dense) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+
+  // Combine the warps: (max, sum, O) of each query row, in the stage area.
+  float* cm = reinterpret_cast<float*>(s.stage);         // (warps, 16)
+  float* cl = cm + kWarps * 16;                          // (warps, 16)
+  float* co = cl + kWarps * 16;                          // (warps, 16, D)
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < block.kRows; ++h) {
+    float l = state.l[h];
+    l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
+    l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
+    if (c == 0) cm[th.warp * 16 + gr + 8 * h] = state.m[h], cl[th.warp * 16 + gr + 8 * h] = l;
+    // Lane (g, c) holds O^T rows g and g + 8 of each D tile, for heads 2c and 2c + 1 of this half.
+#pragma unroll
+    for (int mt = 0; mt < kD / 16; ++mt)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int row = 8 * h + 2 * c + (k & 1);
+        const int col = 8 * (2 * mt + (k >> 1)) + unit_element(gr);
+        co[(th.warp * 16 + row) * kD + col] = state.o[h][mt][k];
+      }
+  }
+  __syncthreads();
+  const bool poisoned = !scales_ok || span.bad_length || s.flags[0] != 0;
+  const int group = g.group;
+  const float nan = __int_as_float(0x7FC00000);
+  const float out_scale = 16384.0f * vgs;  // undo place_e2m1's 2^-14; V's global scale
+  for (int idx = th.tid; idx < group * d.head_dim; idx += kThreads) {
+    const int row = idx / int(d.head_dim), col = idx % int(d.head_dim);
+    float mx = kNegInf;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, cm[w * 16 + row]);
+    float l = 0, o = 0;
+    if (mx != kNegInf)
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(cm[w * 16 + row] - mx);
+        l += cl[w * 16 + row] * f;
+        o += co[(w * 16 + row) * kD + col] * f;
+      }
+    const int64_t head = th.kv_head * group + row;
+    if (g.splits == 1) {
+      float total = l;
+      float m_all = mx;
+      if (a.sinks) {  // the sink joins the denominator only
+        const float sink = a.sinks[head] * kLog2e;
+        m_all = fmaxf(mx, sink);
+        total = l * (mx == kNegInf ? 0.0f : exp2f(mx - m_all)) + exp2f(sink - m_all);
+        o *= mx == kNegInf ? 0.0f : exp2f(mx - m_all);
+      }
+      float value = total > 0 ? o / total * out_scale : 0.0f;
+      float lse = total > 0 ? (m_all + log2f(total)) / kLog2e : kNegInf;
+      if (poisoned) value = lse = nan;
+      uint16_t* out = static_cast<uint16_t*>(a.out) + (th.seq * a.q_heads + head) * d.head_dim + col;
+      *out = kType == ElementType::kBFloat16 ? __bfloat16_as_ushort(__float2bfloat16_rn(value))
+                                             : __half_as_ushort(__float2half_rn(value));
+      if (a.lse && col == 0) a.lse[th.seq * a.q_heads + head] = lse;
+    } else {
+      // A partial: O / l and log2(l) + max, per (sequence, split, query head).
+      float* ws = static_cast<float*>(a.workspace);
+      const int64_t part = (th.seq * g.splits + th.split) * a.q_heads + head;
+      ws[part * kD + col] = poisoned ? nan : (l > 0 ? o / l : 0.0f);
+      if (col == 0) {
+        float* lse2 = ws + int64_t(a.batch.batch) * g.splits * a.q_heads * kD;
+        lse2[part] = poisoned ? nan : (l > 0 ? mx + log2f(l) : kNegInf);
+      }
+    }
+  }
+#endif
+}
+
+template <int kD, int kGroupRows, ElementType kType>
+__global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_constant__ DecodeParams p) {
+  extern __shared__ __align__(128) char smem[];
+  const DecodeThread th{int(threadIdx.x), int(threadIdx.x) / 32, int(threadIdx.x) % 32, int64_t(blockIdx.x),
+                        int64_t(blockIdx.y), int64_t(blockIdx.z)};
+  decode_device<kD, kGroupRows, kType>(p, smem, th);
+}
+
+// One thread block per (query head, sequence): the splits' partials weighted by
+// their softmax denominators (and the sink), normalised, scaled by V's global
+// scale, written in the query's type.
+template <ElementType kType>
+__global__ void merge_kernel(const __grid_constant__ DecodeParams p) {
+  const DecodeArgs& a = p.args;
+  const DecodeGeometry& g = p.geometry;
+  const int64_t head = blockIdx.x, seq = blockIdx.y;
+  const int64_t dim = p.layout.dims().head_dim;
+  const float* ws = static_cast<const float*>(a.workspace);
+  const float* lse2 = ws + int64_t(a.batch.batch) * g.splits * a.q_heads * g.head_dim;
+  float mx = kNegInf;
+  bool nan_seen = false;
+  for (int k = 0; k < g.splits; ++k) {
+    const float v = lse2[(seq * g.splits + k) * a.q_heads + head];
+    nan_seen |= v != v;
+    mx = fmaxf(mx, v);
+  }
+  float m_all = mx;
+  if (a.sinks) m_all = fmaxf(mx, a.sinks[head] * kLog2e);
+  float total = a.sinks ? exp2f(a.sinks[head] * kLog2e - m_all) : 0.0f;
+  if (mx != kNegInf)
+    for (int k = 0; k < g.splits; ++k) total += exp2f(lse2[(seq * g.splits + k) * a.q_heads + head] - m_all);
+  const float out_scale = 16384.0f * *a.v_global_scale;
+  const float nan = __int_as_float(0x7FC00000);
+  for (int64_t col = threadIdx.x; col < dim; col += blockDim.x) {
+    float o = 0;
+    if (mx != kNegInf)
+      for (int k = 0; k < g.splits; ++k) {
+        const int64_t part = (seq * g.splits + k) * a.q_heads + head;
+        const float w = exp2f(lse2[part] - m_all);
+        if (w > 0) o += ws[part * g.head_dim + col] * w;
+      }
+    float value = total > 0 ? o / total * out_scale : 0.0f;
+    if (nan_seen) value = nan;
+    uint16_t* out = static_cast<uint16_t*>(a.out) + (seq * a.q_heads + head) * dim + col;
+    *out = kType == ElementType::kBFloat16 ? __bfloat16_as_ushort(__float2bfloat16_rn(value))
+                                           : __half_as_ushort(__float2half_rn(value));
+  }
+  if (a.lse && threadIdx.x == 0)
+    a.lse[seq * a.q_heads + head] = nan_seen ? nan : total > 0 ? (m_all + log2f(total)) / kLog2e : kNegInf;
+}
+
+template <int kD, int kGroupRows, ElementType kType>
+cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
+  const auto kernel = decode_kernel<kD, kGroupRows, kType>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, p.geometry.smem_bytes);
+  if (e != cudaSuccess) return e;
+  const dim3 grid{unsigned(p.geometry.splits), unsigned(p.layout.dims().heads), unsigned(p.args.batch.batch)};
+  kernel<<<grid, kThreads, p.geometry.smem_bytes, stream>>>(p);
+  if ((e = cudaGetLastError()) != cudaSuccess || p.geometry.splits == 1) return e;
+  merge_kernel<kType><<<dim3{unsigned(p.args.q_heads), unsigned(p.args.batch.batch)}, 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Runs op.run<kD, kGroupRows, kType>() for the call's head dim, GQA rows and type.
+template <typename Op>
+cudaError_t dispatch(const DecodeParams& p, const Op& op) {
+  const int64_t group = p.args.q_heads / p.layout.dims().heads;
+  return NVFP4KV_DISPATCH_HALF_TYPE(p.args.q_type, kType, [&] {
+    return NVFP4KV_DISPATCH_GROUP_ROWS(group, kGroupRows, [&] {
+      switch (p.geometry.head_dim) {
+        case 64: return op.template run<64, kGroupRows, kType>();
+        case 128: return op.template run<128, kGroupRows, kType>();
+        default: return op.template run<256, kGroupRows, kType>();
+      }
+    });
+  });
+}
+
+struct LaunchOp {
+  const DecodeParams& p;
+  cudaStream_t stream;
+  template <int kD, int kGroupRows, ElementType kType>
+  cudaError_t run() const {
+    return launch<kD, kGroupRows, kType>(p, stream);
+  }
+};
+
+// Blocks of the instance that fit on one SM at the geometry's shared memory.
+struct OccupancyOp {
+  const DecodeGeometry& g;
+  int* per_sm;
+  template <int kD, int kGroupRows, ElementType kType>
+  cudaError_t run() const {
+    const auto kernel = decode_kernel<kD, kGroupRows, kType>;
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g.smem_bytes);
+    if (e != cudaSuccess) return e;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, kThreads, g.smem_bytes);
+  }
+};
+
+}  // namespace decode
+
+cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
+  using namespace decode;
+  const CacheDims& d = p.layout.dims();
+  DecodeGeometry& g = p.geometry;
+  g = DecodeGeometry{};
+  g.head_dim = d.head_dim <= 64 ? 64 : d.head_dim <= 128 ? 128 : 256;
+  if (d.head_dim > 256) {
+    *unsupported = "decode attention supports head dims up to 256, got " + std::to_string(d.head_dim);
+    return cudaSuccess;
+  }
+  if (d.tokens_per_page > kMaxStageTokens) {
+    *unsupported = "decode attention supports up to " + std::to_string(kMaxStageTokens) + " tokens per page, got " +
+                   std::to_string(d.tokens_per_page);
+    return cudaSuccess;
+  }
+  g.group = int(p.args.q_heads / d.heads);
+  // Dense planes: every region's (page, head) tile one contiguous, 16-byte aligned
+  // plane whose size is a multiple of 16, data rows 16-byte aligned inside it.
+  g.dense = d.head_dim == g.head_dim;
+  for (int ri = 0; ri < kRegionCount; ++ri) {
+    const Region r = Region(ri);
+    const RegionAccess& acc = p.layout.access(r);
+    g.dense = g.dense && acc.dense_plane && acc.plane_align >= 16 && (d.tokens_per_page * d.columns(r)) % 16 == 0;
+    if (!is_scale(r)) g.dense = g.dense && acc.vector_bytes >= 16;
+  }
+  const int data_plane = int(d.tokens_per_page) * g.head_dim / 2;
+  const int scale_plane = (int(d.tokens_per_page) * g.head_dim / 16 + 15) / 16 * 16;
+  g.plane_offset[int(Region::kKData)] = 0;
+  g.plane_offset[int(Region::kKScale)] = data_plane;
+  g.plane_offset[int(Region::kVData)] = data_plane + scale_plane;
+  g.plane_offset[int(Region::kVScale)] = 2 * data_plane + scale_plane;
+  g.slot_bytes = 2 * (data_plane + scale_plane);
+  g.pages_per_stage = int(std::max<int64_t>(1, 64 / d.tokens_per_page));
+  const int stage_bytes = g.pages_per_stage * g.slot_bytes;
+  g.stages = std::clamp(int((72 << 10) / stage_bytes), 2, 4);
+
+  int device = 0, sms = 0, max_smem = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (e != cudaSuccess) return e;
+  const auto smem_of = [&](const DecodeGeometry& geo) {
+    size_t bytes = 0;
+    switch (geo.head_dim) {
+      case 64: bytes = carve<64>(nullptr, geo, d.tokens_per_page, nullptr); break;
+      case 128: bytes = carve<128>(nullptr, geo, d.tokens_per_page, nullptr); break;
+      default: bytes = carve<256>(nullptr, geo, d.tokens_per_page, nullptr); break;
+    }
+    return int(bytes + 128);
+  };
+  while (g.stages > 2 && smem_of(g) > max_smem) --g.stages;
+  g.smem_bytes = smem_of(g);
+  if (g.smem_bytes > max_smem) {
+    *unsupported = "decode attention needs " + std::to_string(g.smem_bytes) + " bytes of shared memory at " +
+                   std::to_string(d.tokens_per_page) + " tokens per page and head dim " + std::to_string(d.head_dim) +
+                   "; this GPU offers " + std::to_string(max_smem);
+    return cudaSuccess;
+  }
+  // Split each sequence's block table so that batch x kv heads x splits blocks fill
+  // the GPU in few waves: the cost model is waves x entries per block (the lengths
+  // are not known here, the stride bounds them).
+  int per_sm = 1;
+  if ((e = dispatch(p, OccupancyOp{g, &per_sm})) != cudaSuccess) return e;
+  const int64_t slots = int64_t(sms) * std::max(per_sm, 1);
+  const int64_t blocks = p.args.batch.batch * d.heads;
+  const int64_t entries = p.args.batch.block_table_stride;
+  const int64_t stage_entries = (entries + g.pages_per_stage - 1) / g.pages_per_stage;
+  int64_t best_splits = 1;
+  double best = 1e300;
+  for (int64_t sp = 1; sp <= std::min<int64_t>(stage_entries, 256); ++sp) {
+    const int64_t per = (stage_entries + sp - 1) / sp;  // stages per block
+    const int64_t used = (stage_entries + per - 1) / per;
+    if (used != sp) continue;
+    const int64_t waves = (blocks * sp + slots - 1) / slots;
+    const double cost = double(waves) * double(per) + (sp > 1 ? 0.5 : 0.0);
+    if (cost < best - 1e-9) best = cost, best_splits = sp;
+  }
+  g.splits = int(best_splits);
+  g.entries_per_split = ((stage_entries + best_splits - 1) / best_splits) * g.pages_per_stage;
+  if (g.splits > 1)
+    g.workspace_bytes = size_t(p.args.batch.batch) * g.splits * p.args.q_heads * (g.head_dim + 1) * sizeof(float);
+  return cudaSuccess;
+}
+
+cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
+  if (p.args.batch.batch == 0) return cudaSuccess;
+  return decode::dispatch(p, decode::LaunchOp{p, stream});
+}
+
+}  // namespace nvfp4kv::kernels

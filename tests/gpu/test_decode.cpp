@@ -1,0 +1,402 @@
+// Decode attention on the GPU against the fp64 reference on the same
+// dequantized cache. Error bounds: docs/decode.md and bench/results say where
+// they were measured; a dropped scale or a wrong layout gives errors above 0.1.
+// Skipped, with a message, without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "nvfp4kv/api/decode.hpp"
+#include "nvfp4kv/api/kv_cache.hpp"
+#include "nvfp4kv/harness/device_buffer.hpp"
+#include "nvfp4kv/harness/workload.hpp"
+#include "nvfp4kv/reference/attention.hpp"
+#include "nvfp4kv/reference/cache.hpp"
+
+namespace nvfp4kv {
+namespace {
+
+using harness::DeviceBuffer;
+
+template <typename... T>
+std::string cat(const T&... parts) {
+  std::ostringstream s;
+  (s << ... << parts);
+  return s.str();
+}
+
+class GpuDecode : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_device_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why;
+  }
+};
+
+// Measured worst cases (bench/results/2026-12-02-h200-decode.md) with a margin:
+// the error is the output's own rounding (bf16: 8 bits, fp16: 11) plus P in fp16.
+double rel_l2_bound(ElementType t) { return t == ElementType::kBFloat16 ? 6e-3 : 2e-3; }
+
+struct Case {
+  std::string preset = "nvfp4kv-native";
+  int64_t pages = 64, tokens_per_page = 16, kv_heads = 2, head_dim = 128, group = 4;
+  std::vector<int32_t> lengths = {37, 200, 1};
+  ElementType type = ElementType::kBFloat16;
+  int64_t window = 0;
+  float softcap = 0;
+  bool sinks = false, lse = true;
+  uint64_t seed = 1;
+  int64_t stride = 0;  // block-table entries per sequence (0: enough for the longest)
+};
+
+struct Outcome {
+  double rel_l2 = 0, max_abs = 0, lse_max_abs = 0;
+  int64_t unwritten = 0, nan_mismatch = 0;
+  DeviceStatus gpu, cpu;
+  DecodePlan plan;
+};
+
+// Runs one case through the GPU and the reference. Each sequence gets its own
+// shuffled pages; `mutate` may spoil the block table or lengths afterwards.
+template <typename Mutate>
+Outcome run_case(const Case& k, Mutate mutate) {
+  Outcome o;
+  const Layout l = instantiate(preset_spec(k.preset), {1, k.pages, k.tokens_per_page, k.kv_heads, k.head_dim});
+  const ValidLayout v = validate(l);
+  const CacheDims& d = v.layout().dims;
+  const auto host = harness::random_cache(v, 0, k.seed);
+  const int64_t batch = int64_t(k.lengths.size());
+  const int64_t longest = *std::max_element(k.lengths.begin(), k.lengths.end());
+  const int64_t stride = k.stride ? k.stride : std::max<int64_t>(1, (longest + d.tokens_per_page - 1) / d.tokens_per_page);
+  std::mt19937_64 rng(k.seed + 7);
+  std::vector<int32_t> table(size_t(batch * stride));
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<int32_t> pages(size_t(d.pages));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    for (int64_t e = 0; e < stride; ++e) table[size_t(b * stride + e)] = pages[size_t(e % d.pages)];
+  }
+  std::vector<int32_t> lengths = k.lengths;
+  mutate(table, lengths);
+  const int64_t q_heads = k.kv_heads * k.group;
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<uint16_t> q(size_t(batch * q_heads * d.head_dim));
+  for (auto& x : q) x = k.type == ElementType::kBFloat16 ? float_to_bf16(n(rng)) : float_to_fp16(n(rng));
+  std::vector<float> sinks(static_cast<size_t>(q_heads));
+  for (auto& s : sinks) s = n(rng) * 2.0f;
+  const float gs[2] = {0.37f, 1.9f};
+
+  DecodeArgs a;
+  a.q = q.data();
+  a.q_type = k.type;
+  a.q_heads = q_heads;
+  a.batch = {.block_table = table.data(), .block_table_stride = stride, .seq_lens = lengths.data(), .batch = batch};
+  a.softmax_scale = float(1.0 / std::sqrt(double(d.head_dim)));
+  a.k_global_scale = &gs[0];
+  a.v_global_scale = &gs[1];
+  a.window = k.window;
+  a.softcap = k.softcap;
+  a.sinks = k.sinks ? sinks.data() : nullptr;
+  a.status = &o.cpu;
+  reference::HostCache cpu(v.layout(), 0);
+  for (size_t b = 0; b < host.size(); ++b) cpu.storage[b] = host[b];
+  const reference::DecodeResult want = reference::decode_attention(v, cpu.buffers, a);
+
+  harness::DeviceCache cache(v.layout(), 0);
+  for (size_t b = 0; b < host.size(); ++b)
+    NVFP4KV_CUDA_CHECK(cudaMemcpy(cache.view().ptr[b], host[b].data(), host[b].size(), cudaMemcpyHostToDevice));
+  auto dq = DeviceBuffer<uint16_t>::from(q);
+  auto dtable = DeviceBuffer<int32_t>::from(table);
+  auto dlen = DeviceBuffer<int32_t>::from(lengths);
+  auto dscales = DeviceBuffer<float>::from({gs[0], gs[1]});
+  auto dsinks = DeviceBuffer<float>::from(sinks);
+  auto dstatus = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
+  DeviceBuffer<uint16_t> out(q.size());
+  DeviceBuffer<float> lse(size_t(batch * q_heads));
+  out.fill_bytes(0xFF);
+  lse.fill_bytes(0xFF);
+  const Result pr = plan_decode(v, batch, q_heads, stride, &o.plan);
+  EXPECT_TRUE(pr.ok()) << pr.message;
+  DeviceBuffer<uint8_t> ws(std::max<size_t>(o.plan.workspace_bytes, 256));
+  DecodeArgs g = a;
+  g.q = dq.get();
+  g.batch.block_table = dtable.get();
+  g.batch.seq_lens = dlen.get();
+  g.k_global_scale = dscales.get();
+  g.v_global_scale = dscales.get() + 1;
+  g.sinks = k.sinks ? dsinks.get() : nullptr;
+  g.out = out.get();
+  g.lse = k.lse ? lse.get() : nullptr;
+  g.status = dstatus.get();
+  g.workspace = ws.get();
+  g.workspace_bytes = ws.size();
+  const Result r = decode_attention(v, cache.view(), g, nullptr);
+  EXPECT_TRUE(r.ok()) << r.message;
+  NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto got = out.download();
+  const auto got_lse = lse.download();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float x = k.type == ElementType::kBFloat16 ? bf16_to_float(got[i]) : fp16_to_float(got[i]);
+    const double w = want.out[i];
+    if (std::isnan(w) || std::isnan(x)) {
+      o.nan_mismatch += std::isnan(w) != std::isnan(x);
+      continue;
+    }
+    o.unwritten += got[i] == 0xFFFF;
+    num += (x - w) * (x - w);
+    den += w * w;
+    o.max_abs = std::max(o.max_abs, std::fabs(x - w));
+  }
+  o.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  if (k.lse)
+    for (size_t i = 0; i < got_lse.size(); ++i) {
+      const double w = want.lse[i];
+      if (std::isnan(w) || std::isnan(got_lse[i])) {
+        o.nan_mismatch += std::isnan(w) != std::isnan(got_lse[i]);
+      } else if (std::isinf(w) || std::isinf(got_lse[i])) {
+        o.nan_mismatch += w != double(got_lse[i]);
+      } else {
+        o.lse_max_abs = std::max(o.lse_max_abs, std::fabs(double(got_lse[i]) - w));
+      }
+    }
+  o.gpu = dstatus.download()[0];
+  return o;
+}
+
+Outcome run_case(const Case& k) {
+  return run_case(k, [](std::vector<int32_t>&, std::vector<int32_t>&) {});
+}
+
+void expect_close(const Case& k, const Outcome& o, const std::string& what) {
+  std::printf("  %-44s splits %3d %-5s rel L2 %.2e  max |err| %.2e  lse %.2e\n", what.c_str(), o.plan.splits,
+              o.plan.dense_planes ? "bulk" : "rows", o.rel_l2, o.max_abs, o.lse_max_abs);
+  EXPECT_LT(o.rel_l2, rel_l2_bound(k.type)) << what;
+  EXPECT_LT(o.lse_max_abs, 1e-3) << what;
+  EXPECT_EQ(o.unwritten, 0) << what;
+  EXPECT_EQ(o.nan_mismatch, 0) << what;
+}
+
+TEST_F(GpuDecode, EveryGroupHeadDimAndPageSizeMatchesTheReference) {
+  int ran = 0;
+  for (int64_t group : {1, 2, 4, 8, 16})
+    for (int64_t dim : {64, 128, 256})
+      for (int64_t n : {16, 32, 64, 128}) {
+        Case k;
+        k.group = group;
+        k.head_dim = dim;
+        k.tokens_per_page = n;
+        k.pages = std::max<int64_t>(8, 2048 / n);
+        k.lengths = {int32_t(n * 3 + 5), 0, 1, int32_t(n * 7 - 3)};
+        k.type = ran % 2 ? ElementType::kFloat16 : ElementType::kBFloat16;
+        k.seed = uint64_t(ran) + 1;
+        const Outcome o = run_case(k);
+        expect_close(k, o, cat("G", group, " D", dim, " N", n, k.type == ElementType::kBFloat16 ? " bf16" : " fp16"));
+        if (HasFailure()) return;
+        ++ran;
+      }
+  EXPECT_EQ(ran, 60);
+}
+
+// Head dims without their own instance run zero-padded (and row by row).
+TEST_F(GpuDecode, OtherHeadDimsThroughThePaddedPath) {
+  for (int64_t dim : {16, 48, 80, 96, 112, 160, 192}) {
+    Case k;
+    k.head_dim = dim;
+    k.seed = uint64_t(dim);
+    const Outcome o = run_case(k);
+    expect_close(k, o, cat("D", dim));
+    EXPECT_FALSE(o.plan.dense_planes);
+  }
+}
+
+TEST_F(GpuDecode, OptionsMatchTheReference) {
+  for (int variant = 0; variant < 8; ++variant) {
+    Case k;
+    k.lengths = {300, 17, 0, 129};
+    k.window = (variant & 1) ? 50 : 0;
+    k.softcap = (variant & 2) ? 1.5f : 0;  // small: the cap bites
+    k.sinks = (variant & 4) != 0;
+    k.type = variant % 3 ? ElementType::kBFloat16 : ElementType::kFloat16;
+    k.seed = uint64_t(variant) + 40;
+    const Outcome o = run_case(k);
+    expect_close(k, o, cat("window ", k.window, ", softcap ", k.softcap, k.sinks ? ", sinks" : ""));
+  }
+}
+
+// Long sequences split over many blocks and merged: batch 1 and several, ragged.
+TEST_F(GpuDecode, SplitSequencesMergeToTheReference) {
+  Case k;
+  k.kv_heads = 1;
+  k.head_dim = 64;
+  k.group = 8;
+  k.pages = 2600;
+  k.lengths = {41000};
+  const Outcome one = run_case(k);
+  EXPECT_GT(one.plan.splits, 8);
+  expect_close(k, one, "batch 1, 41000 tokens");
+  k.lengths = {41000, 3, 12000, 0};
+  k.sinks = true;
+  const Outcome some = run_case(k);
+  expect_close(k, some, "ragged batch up to 41000 tokens, sinks");
+}
+
+// A subset of a sequence's pages (sparse / top-k selection): the block table
+// names any pages, in any order, repeated or not.
+TEST_F(GpuDecode, SparseAndRepeatedPages) {
+  Case k;
+  k.pages = 40;
+  k.lengths = {160, 96};
+  const Outcome o = run_case(k, [](std::vector<int32_t>& table, std::vector<int32_t>&) {
+    for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t((i * 7) % 5 + 30);  // pages 30..34, repeating
+  });
+  expect_close(k, o, "sparse, repeated pages");
+}
+
+TEST_F(GpuDecode, EverySoundPresetMatchesTheReference) {
+  int ran = 0;
+  for (const PresetInfo& p : list_presets()) {
+    const Layout l = instantiate(preset_spec(p.name), {1, 64, 16, 2, 128});
+    if (!check(l).report.ok) continue;
+    Case k;
+    k.preset = p.name;
+    k.seed = uint64_t(ran) + 90;
+    const Outcome o = run_case(k);
+    expect_close(k, o, p.name);
+    ++ran;
+  }
+  EXPECT_GE(ran, 11);
+}
+
+TEST_F(GpuDecode, BadEntriesAreCountedNeverReadAndMarkTheirSequence) {
+  Case k;
+  k.lengths = {64, 64, 64};
+  // Sequence 1's second page does not exist; sequence 2 is longer than its table.
+  const Outcome o = run_case(k, [](std::vector<int32_t>& table, std::vector<int32_t>& lengths) {
+    table[size_t(1 * 4 + 1)] = 100000;
+    lengths[2] = 4 * 16 + 9;
+  });
+  EXPECT_EQ(o.nan_mismatch, 0);
+  EXPECT_EQ(o.gpu.bad_pages, 16u);
+  EXPECT_EQ(o.gpu.bad_lengths, 1u);
+  EXPECT_EQ(o.cpu.bad_pages, o.gpu.bad_pages);
+  EXPECT_EQ(o.cpu.bad_lengths, o.gpu.bad_lengths);
+  EXPECT_LT(o.rel_l2, rel_l2_bound(k.type));  // sequence 0 is still right
+}
+
+TEST_F(GpuDecode, HostSideErrorsLaunchNothing) {
+  const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 4, 16, 2, 128}));
+  harness::DeviceCache cache(v.layout(), 0);
+  DeviceBuffer<uint16_t> q(8 * 128), out(8 * 128);
+  auto table = DeviceBuffer<int32_t>::from({0, 1});
+  auto lens = DeviceBuffer<int32_t>::from({20});
+  auto scales = DeviceBuffer<float>::from({1.0f, 1.0f});
+  DecodeArgs a;
+  a.q = q.get();
+  a.q_heads = 8;
+  a.batch = {.block_table = table.get(), .block_table_stride = 2, .seq_lens = lens.get(), .batch = 1};
+  a.softmax_scale = 0.1f;
+  a.k_global_scale = scales.get();
+  a.v_global_scale = scales.get() + 1;
+  a.out = out.get();
+  EXPECT_TRUE(decode_attention(v, cache.view(), a, nullptr).ok());
+  const auto bad = [&](auto mutate, const char* needle) {
+    DecodeArgs x = a;
+    mutate(x);
+    const Result r = decode_attention(v, cache.view(), x, nullptr);
+    EXPECT_EQ(r.status, Status::kInvalidArgument) << needle;
+    EXPECT_NE(r.message.find(needle), std::string::npos) << r.message;
+  };
+  bad([](DecodeArgs& x) { x.q_heads = 6; }, "multiple of the layout's 2 kv heads");
+  bad([](DecodeArgs& x) { x.q_heads = 34; }, "at most 16 query heads per kv head");
+  bad([](DecodeArgs& x) { x.softmax_scale = 0; }, "softmax_scale");
+  bad([](DecodeArgs& x) { x.window = -1; }, "window");
+  bad([](DecodeArgs& x) { x.q_type = ElementType::kFloat32; }, "bf16 or fp16");
+  bad([](DecodeArgs& x) { x.out = nullptr; }, "output");
+  bad([](DecodeArgs& x) { x.batch.seq_lens = nullptr; }, "lengths are required");
+  NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Engines capture the decode step in a CUDA graph for a fixed batch and replay it
+// while lengths and block tables change: every replay must match the reference.
+TEST_F(GpuDecode, GraphReplaysFollowChangingLengthsAndTables) {
+  const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 300, 16, 2, 128}));
+  const CacheDims& d = v.layout().dims;
+  const auto host = harness::random_cache(v, 0, 5);
+  harness::DeviceCache cache(v.layout(), 0);
+  for (size_t b = 0; b < host.size(); ++b)
+    NVFP4KV_CUDA_CHECK(cudaMemcpy(cache.view().ptr[b], host[b].data(), host[b].size(), cudaMemcpyHostToDevice));
+  reference::HostCache cpu(v.layout(), 0);
+  for (size_t b = 0; b < host.size(); ++b) cpu.storage[b] = host[b];
+  const int64_t batch = 3, stride = 100, q_heads = 8;
+  std::mt19937_64 rng(8);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<uint16_t> q(size_t(batch * q_heads * 128));
+  for (auto& x : q) x = float_to_bf16(n(rng));
+  const float gs[2] = {1.0f, 1.0f};
+  DecodePlan plan;
+  ASSERT_TRUE(plan_decode(v, batch, q_heads, stride, &plan).ok());
+  auto dq = DeviceBuffer<uint16_t>::from(q);
+  DeviceBuffer<int32_t> dtable(static_cast<size_t>(batch * stride)), dlen(static_cast<size_t>(batch));
+  auto dscales = DeviceBuffer<float>::from({gs[0], gs[1]});
+  DeviceBuffer<uint16_t> out(q.size());
+  DeviceBuffer<uint8_t> ws(std::max<size_t>(plan.workspace_bytes, 256));
+  DecodeArgs g;
+  g.q = dq.get();
+  g.q_heads = q_heads;
+  g.batch = {.block_table = dtable.get(), .block_table_stride = stride, .seq_lens = dlen.get(), .batch = batch};
+  g.softmax_scale = 0.088f;
+  g.k_global_scale = dscales.get();
+  g.v_global_scale = dscales.get() + 1;
+  g.out = out.get();
+  g.workspace = ws.get();
+  g.workspace_bytes = ws.size();
+  cudaStream_t s;
+  NVFP4KV_CUDA_CHECK(cudaStreamCreate(&s));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  NVFP4KV_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  const Result captured = decode_attention(v, cache.view(), g, s);
+  NVFP4KV_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  ASSERT_TRUE(captured.ok()) << captured.message;
+  NVFP4KV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 4; ++replay) {
+    std::vector<int32_t> table(static_cast<size_t>(batch * stride)), lengths(static_cast<size_t>(batch));
+    for (auto& t : table) t = int32_t(rng() % uint64_t(d.pages));
+    for (auto& len : lengths) len = int32_t(rng() % uint64_t(stride * d.tokens_per_page));
+    dtable.upload(table);
+    dlen.upload(lengths);
+    out.fill_bytes(0xFF);
+    NVFP4KV_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    NVFP4KV_CUDA_CHECK(cudaStreamSynchronize(s));
+    DecodeArgs a = g;
+    a.q = q.data();
+    a.batch.block_table = table.data();
+    a.batch.seq_lens = lengths.data();
+    a.k_global_scale = &gs[0];
+    a.v_global_scale = &gs[1];
+    const reference::DecodeResult want = reference::decode_attention(v, cpu.buffers, a);
+    const auto got = out.download();
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double x = bf16_to_float(got[i]);
+      num += (x - want.out[i]) * (x - want.out[i]);
+      den += want.out[i] * want.out[i];
+    }
+    std::printf("  replay %d: lengths %d %d %d, rel L2 %.2e\n", replay, lengths[0], lengths[1], lengths[2],
+                std::sqrt(num / den));
+    EXPECT_LT(std::sqrt(num / den), rel_l2_bound(ElementType::kBFloat16)) << "replay " << replay;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
+}  // namespace
+}  // namespace nvfp4kv
