@@ -13,9 +13,15 @@ std::vector<PresetInfo> list_presets() {
   std::vector<PresetInfo> out;
   for (int i = 0; i < detail::kPresetFileCount; ++i) {
     const LayoutSpec spec = parse_layout_spec(detail::kPresetFiles[i].second);
-    out.push_back({spec.name, spec.summary});
+    out.push_back({spec.name, spec.summary, spec.provenance});
   }
   return out;
+}
+
+bool is_preset_name(std::string_view name) {
+  for (int i = 0; i < detail::kPresetFileCount; ++i)
+    if (parse_layout_spec(detail::kPresetFiles[i].second).name == name) return true;
+  return false;
 }
 
 LayoutSpec preset_spec(std::string_view name) {
