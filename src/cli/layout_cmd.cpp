@@ -47,6 +47,7 @@ int cmd_presets() {
     std::cout << "  " << std::left << std::setw(33) << p.name << std::right << (res.report.ok ? "sound   " : "REJECTED")
               << "  " << p.summary << "\n"
               << provenance_text(p.provenance, "      ", false);
+    for (const std::string& f : p.former_names) std::cout << "      former name " << f << "\n";
   }
   std::cout << "use them by name, or write your own (docs/layouts.md); layout show NAME prints the expressions\n";
   return 0;

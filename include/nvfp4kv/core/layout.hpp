@@ -181,9 +181,10 @@ std::string to_json(const Layout& layout);                          // concrete,
 struct PresetInfo {
   std::string name, summary;
   Provenance provenance;
+  std::vector<std::string> former_names;  // names this preset had before; they still load it
 };
 std::vector<PresetInfo> list_presets();
-// A preset by its name; throws LayoutError naming the presets.
+// A preset by its name or a former name; throws LayoutError naming the presets.
 LayoutSpec preset_spec(std::string_view name);
 bool is_preset_name(std::string_view name);
 // A preset name, or a path to a JSON file.
