@@ -75,8 +75,8 @@ int run_demo(const std::vector<std::string>& argv) {
     const Layout r = instantiate(preset_spec("vllm-packed-nhd-reader-sm120"), dims);
     const CompareReport c = compare(w, r, 2);
     std::cout << "   writer vs reader: " << c.misplaced << " of " << c.elements << " elements placed differently\n"
-              << "   (nvfp4kv layout show vllm-packed-nhd-writer-sm12x --heads 1 --head-dim 128 --tokens-per-page 16 --pages 1\n"
-              << "    draws the page)\n\n";
+              << "   (nvfp4kv layout show vllm-packed-nhd-writer-sm12x --heads 1 --head-dim 128 --tokens-per-page 16\n"
+              << "    --pages 1 draws the page)\n\n";
   }
 
   {  // vLLM issue #50084: upstream's writer interleaves V scales on every GPU; SM120 reads them linearly.

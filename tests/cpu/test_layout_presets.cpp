@@ -2,6 +2,7 @@
 // the known-bad cases pinned.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
@@ -83,6 +84,21 @@ TEST(Presets, TileViewAndHeadStepGiveEveryElementsOffset) {
   EXPECT_GE(checked, 20 * 4);
 }
 
+// check rejects `l` naming two V scales and the byte they share, which both really occupy.
+CheckReport expect_two_v_scales_share_a_byte(const Layout& l) {
+  const CheckReport r = check(l).report;
+  EXPECT_FALSE(r.ok);
+  EXPECT_TRUE(r.collision.has_value()) << r.summary();
+  if (!r.collision) return r;
+  const Collision& c = *r.collision;
+  EXPECT_EQ(c.a, Region::kVScale);
+  EXPECT_EQ(c.b, Region::kVScale);
+  EXPECT_EQ(l.offset(c.a, c.coord_a), c.byte);
+  EXPECT_EQ(l.offset(c.b, c.coord_b), c.byte);
+  EXPECT_NE(r.problems[0].find("share byte " + std::to_string(c.byte)), std::string::npos) << r.problems[0];
+  return r;
+}
+
 // With the interleave as data both spellings exist at every head dim: TensorRT-LLM's
 // stays inside its (page, head) plane at D 80 and 96; FlashInfer/vLLM's leaves it
 // there, and check names the byte two of its coordinates share.
@@ -90,16 +106,8 @@ TEST(Presets, InterleaveSpellingsAtHeadDims80And96) {
   for (int64_t dim : {80, 96}) {
     const CheckReport trt = check(preset("trtllm", {1, 3, 16, 2, dim})).report;
     EXPECT_TRUE(trt.ok) << dim << ": " << trt.summary();
-    const Layout fl = preset("flashinfer-trtllm-gen-hnd", {1, 3, 16, 2, dim});
-    const CheckReport fi = check(fl).report;
-    ASSERT_FALSE(fi.ok) << dim;
-    ASSERT_TRUE(fi.collision.has_value()) << fi.summary();
-    const Collision& c = *fi.collision;
-    EXPECT_EQ(c.a, Region::kVScale);
-    EXPECT_EQ(c.b, Region::kVScale);
-    EXPECT_EQ(fl.offset(c.a, c.coord_a), c.byte);
-    EXPECT_EQ(fl.offset(c.b, c.coord_b), c.byte);
-    EXPECT_NE(fi.problems[0].find("share byte"), std::string::npos) << fi.problems[0];
+    SCOPED_TRACE(dim);
+    expect_two_v_scales_share_a_byte(preset("flashinfer-trtllm-gen-hnd", {1, 3, 16, 2, dim}));
   }
   // Below D 64 FlashInfer's spelling divides by sd / 4 = 0: refused when the sizes are bound.
   EXPECT_THROW(preset("flashinfer-trtllm-gen-hnd", {1, 2, 16, 2, 32}), LayoutError);
@@ -163,7 +171,8 @@ TEST(Presets, VllmPackedNhdWriterOverlapsKWithV) {
 
 TEST(Presets, VllmPackedNhdWriterAndReaderDisagreeOnEveryTokenButZero) {
   const DimsOverride d{1, 1, 16, 1, 128};
-  const CompareReport r = compare(preset("vllm-packed-nhd-writer-sm12x", d), preset("vllm-packed-nhd-reader-sm120", d));
+  const CompareReport r =
+      compare(preset("vllm-packed-nhd-writer-sm12x", d), preset("vllm-packed-nhd-reader-sm120", d));
   EXPECT_FALSE(r.agree);
   // 15 of 16 tokens differ in every region: 2 sides x 15 x (64 + 8).
   EXPECT_EQ(r.misplaced, 2160);
@@ -174,7 +183,8 @@ TEST(Presets, VllmPackedNhdWriterAndReaderDisagreeOnEveryTokenButZero) {
   EXPECT_EQ(r.examples[0].coord.token, 1);
   // Over a full cache (8 heads, 1000 pages, 32 layers) the count scales exactly.
   const DimsOverride big{32, 1000, 16, 8, 128};
-  const CompareReport r2 = compare(preset("vllm-packed-nhd-writer-sm12x", big), preset("vllm-packed-nhd-reader-sm120", big));
+  const CompareReport r2 =
+      compare(preset("vllm-packed-nhd-writer-sm12x", big), preset("vllm-packed-nhd-reader-sm120", big));
   // Only token 0 of head 0 agrees in each region: K/V data differ for (t, h) != (0, 0) since
   // t*H*dd + h*dd == t*2H*dd + h*dd only at t == 0.
   EXPECT_EQ(r2.misplaced, int64_t(32) * 1000 * 2 * 15 * 8 * 72);
@@ -203,18 +213,20 @@ TEST(Presets, VllmUpstreamWriterAgainstSm120ReaderIsIssue50084) {
     for (int64_t heads : {1, 8}) {
       SCOPED_TRACE(v + " H" + std::to_string(heads));
       const DimsOverride d{1, 3, 16, heads, 128};
-      const CompareReport r = compare(preset((v + "-writer-upstream").c_str(), d), preset((v + "-reader-sm120").c_str(), d));
+      const auto vllm = [&](const char* role_path) { return preset((v + role_path).c_str(), d); };
+      const CompareReport r = compare(vllm("-writer-upstream"), vllm("-reader-sm120"));
       EXPECT_EQ(r.elements, 6912 * heads);
       EXPECT_EQ(r.misplaced, 360 * heads);
       EXPECT_EQ(r.misplaced_per_region[size_t(Region::kVScale)], r.misplaced);
       EXPECT_NE(r.summary("w", "r").find("v_scale " + std::to_string(360 * heads) + ")"), std::string::npos);
-      EXPECT_TRUE(compare(preset((v + "-writer-sm12x").c_str(), d), preset((v + "-reader-sm120").c_str(), d)).agree);
+      EXPECT_TRUE(compare(vllm("-writer-sm12x"), vllm("-reader-sm120")).agree);
       if (v != "vllm-legacy-nhd")  // SM100 reads HND only (vLLM requires it there)
-        EXPECT_TRUE(compare(preset((v + "-writer-upstream").c_str(), d), preset((v + "-reader-sm100").c_str(), d)).agree);
+        EXPECT_TRUE(compare(vllm("-writer-upstream"), vllm("-reader-sm100")).agree);
     }
   }
   const DimsOverride one{1, 3, 16, 1, 128};
-  const CompareReport r = compare(preset("vllm-legacy-hnd-writer-upstream", one), preset("vllm-legacy-hnd-reader-sm120", one));
+  const CompareReport r =
+      compare(preset("vllm-legacy-hnd-writer-upstream", one), preset("vllm-legacy-hnd-reader-sm120", one));
   ASSERT_FALSE(r.examples.empty());
   const Misplacement& m = r.examples[0];
   EXPECT_EQ(m.region, Region::kVScale);
@@ -239,7 +251,7 @@ TEST(Presets, FormerNamesLoadTheBytesTheyAlwaysDescribed) {
     EXPECT_EQ(to_json(l), to_json(preset(now.c_str(), d)));
     bool listed = false;
     for (const PresetInfo& p : list_presets())
-      listed |= p.name == now && std::find(p.former_names.begin(), p.former_names.end(), former) != p.former_names.end();
+      listed |= p.name == now && std::count(p.former_names.begin(), p.former_names.end(), former) == 1;
     EXPECT_TRUE(listed) << former;
   }
   // Linear V scales, as before: K's and V's scale planes have the same shape.
@@ -256,15 +268,7 @@ TEST(Presets, VllmUpstreamWriterAtHeadDim96IsRejectedWithTheByte) {
                            "vllm-packed-hnd-writer-upstream", "vllm-legacy-hnd-reader-sm100"}) {
     SCOPED_TRACE(name);
     const Layout l = preset(name, {1, 3, 16, 2, 96});
-    const CheckReport r = check(l).report;
-    ASSERT_FALSE(r.ok);
-    ASSERT_TRUE(r.collision.has_value()) << r.summary();
-    const Collision& c = *r.collision;
-    EXPECT_EQ(c.a, Region::kVScale);
-    EXPECT_EQ(c.b, Region::kVScale);
-    EXPECT_EQ(l.offset(c.a, c.coord_a), c.byte);
-    EXPECT_EQ(l.offset(c.b, c.coord_b), c.byte);
-    EXPECT_NE(r.problems[0].find("share byte " + std::to_string(c.byte)), std::string::npos) << r.problems[0];
+    const CheckReport r = expect_two_v_scales_share_a_byte(l);
     const testing::BruteForce bf = testing::brute_force(l);
     EXPECT_TRUE(bf.overlap && bf.out_of_bounds);
     bool outside = false;
@@ -287,8 +291,9 @@ TEST(Presets, VllmUpstreamWriterAtHeadDim96IsRejectedWithTheByte) {
     }
     return outside_and_shared;
   };
-  EXPECT_EQ(damage(preset("vllm-legacy-hnd-writer-upstream", {1, 3, 16, 4, 96})), std::make_pair(int64_t(8), int64_t(752)));
-  EXPECT_EQ(damage(preset("vllm-legacy-nhd-writer-upstream", {1, 3, 16, 4, 96})), std::make_pair(int64_t(32), int64_t(704)));
+  using Damage = std::pair<int64_t, int64_t>;
+  EXPECT_EQ(damage(preset("vllm-legacy-hnd-writer-upstream", {1, 3, 16, 4, 96})), Damage(8, 752));
+  EXPECT_EQ(damage(preset("vllm-legacy-nhd-writer-upstream", {1, 3, 16, 4, 96})), Damage(32, 704));
   // The linear SM12x writer is sound there, and below D 64 the interleave cannot be formed.
   EXPECT_TRUE(check(preset("vllm-legacy-hnd-writer-sm12x", {1, 3, 16, 2, 96})).report.ok);
   EXPECT_THROW(preset("vllm-legacy-hnd-writer-upstream", {1, 3, 16, 2, 48}), LayoutError);
