@@ -20,7 +20,7 @@ inline constexpr std::array<Region, kRegionCount> kAllRegions = {Region::kKData,
                                                                 Region::kVData, Region::kVScale};
 
 // Where a layout comes from: the engine code whose index expressions it
-// transcribes (docs/layouts.md, "Provenance"). Every preset carries one; a
+// transcribes (docs/layouts.md, "Text form" and "Presets"). Every preset carries one; a
 // layout file of one's own may leave it out (then engine is empty).
 struct Provenance {
   std::string engine;    // "vLLM", "FlashInfer", ...
@@ -186,7 +186,7 @@ struct PresetInfo {
 std::vector<PresetInfo> list_presets();
 // A preset by its name or a former name; throws LayoutError naming the presets.
 LayoutSpec preset_spec(std::string_view name);
-bool is_preset_name(std::string_view name);
+bool is_preset_name(std::string_view name);  // a preset's name or former name
 // A preset name, or a path to a JSON file.
 LayoutSpec load_spec(std::string_view name_or_path);
 
