@@ -65,25 +65,25 @@ int run_demo(const std::vector<std::string>& argv) {
 
   std::cout << "2. The bug class nvfp4kv exists to stop\n"
             << "   vLLM's packed NHD cache, as its writer and its reader address it (H=1, D=128, N=16):\n";
-  for (const char* name : {"vllm-packed-nhd-writer", "vllm-packed-nhd-reader"}) {
+  for (const char* name : {"vllm-packed-nhd-writer-sm12x", "vllm-packed-nhd-reader-sm120"}) {
     const Layout l = instantiate(preset_spec(name), {1, 1, 16, 1, 128});
     std::cout << "   " << name << ": " << check(l).report.summary() << "\n";
   }
   {
     const DimsOverride dims{1, 1, 16, 1, 128};
-    const Layout w = instantiate(preset_spec("vllm-packed-nhd-writer"), dims);
-    const Layout r = instantiate(preset_spec("vllm-packed-nhd-reader"), dims);
+    const Layout w = instantiate(preset_spec("vllm-packed-nhd-writer-sm12x"), dims);
+    const Layout r = instantiate(preset_spec("vllm-packed-nhd-reader-sm120"), dims);
     const CompareReport c = compare(w, r, 2);
     std::cout << "   writer vs reader: " << c.misplaced << " of " << c.elements << " elements placed differently\n"
-              << "   (nvfp4kv layout show vllm-packed-nhd-writer --heads 1 --head-dim 128 --tokens-per-page 16 --pages 1\n"
-              << "    draws the page)\n\n";
+              << "   (nvfp4kv layout show vllm-packed-nhd-writer-sm12x --heads 1 --head-dim 128 --tokens-per-page 16\n"
+              << "    --pages 1 draws the page)\n\n";
   }
 
-  {  // The same V tensor written with swizzled V scales and read by a linear reader.
+  {  // vLLM issue #50084: upstream's writer interleaves V scales on every GPU; SM120 reads them linearly.
     const int64_t pages = (tokens + 15) / 16;
     const DimsOverride dims{1, pages, 16, kHeads, kDim};
-    const ValidLayout writer = validate(instantiate(preset_spec("flashinfer-trtllm-gen-hnd"), dims));
-    const ValidLayout reader = validate(instantiate(preset_spec("flashinfer-hnd"), dims));
+    const ValidLayout writer = validate(instantiate(preset_spec("vllm-legacy-hnd-writer-upstream"), dims));
+    const ValidLayout reader = validate(instantiate(preset_spec("vllm-legacy-hnd-reader-sm120"), dims));
     const auto v = harness::realistic_kv(tokens, kHeads, kDim, false, seed + 1);
     float amax = 0;
     for (float x : v) amax = std::max(amax, std::fabs(x));
@@ -106,12 +106,12 @@ int run_demo(const std::vector<std::string>& argv) {
     };
     const double ok = reference::error_stats(v, read_v(writer)).rel_l2;
     const double bad = reference::error_stats(v, read_v(reader)).rel_l2;
-    std::cout << "   V written with FlashInfer's trtllm-gen swizzled scales, read back (CPU reference):\n"
-              << "     by the writer's own layout          rel L2 " << std::setprecision(3) << ok << "\n"
-              << "     by a reader expecting linear scales rel L2 " << bad
-              << "   <- nothing crashes; answers degrade\n"
-              << "   nvfp4kv layout compare flashinfer-trtllm-gen-hnd flashinfer-hnd --pages 1 --heads 8 --head-dim 128\n"
-              << "   --tokens-per-page 16 names every misplaced scale.\n\n";
+    std::cout << "   V written by vLLM's upstream writer (V scales interleaved for SM100), read back (CPU reference):\n"
+              << "     as SM100's trtllm-gen reads it      rel L2 " << std::setprecision(3) << ok << "\n"
+              << "     as SM120's XQA/FA2 reads it         rel L2 " << bad
+              << "   <- vLLM #50084: nothing crashes; answers degrade\n"
+              << "   nvfp4kv layout compare vllm-legacy-hnd-writer-upstream vllm-legacy-hnd-reader-sm120 --pages 1\n"
+              << "   --heads 8 --head-dim 128 --tokens-per-page 16 names every misplaced scale (V scales only).\n\n";
   }
 
   std::cout << "3. A round trip through nvfp4kv's native layout (64 pages x 16 tokens, 8 heads, D 128)\n";

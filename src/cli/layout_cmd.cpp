@@ -44,10 +44,12 @@ int cmd_presets() {
   std::cout << "built-in layouts (verdicts at layers 1, pages 4, tokens/page 16, heads 8, head dim 128):\n";
   for (const PresetInfo& p : list_presets()) {
     const CheckResult res = check(instantiate(preset_spec(p.name), kListingDims));
-    std::cout << "  " << std::left << std::setw(28) << p.name << std::right << (res.report.ok ? "sound   " : "REJECTED")
-              << "  " << p.summary << "\n";
+    std::cout << "  " << std::left << std::setw(33) << p.name << std::right << (res.report.ok ? "sound   " : "REJECTED")
+              << "  " << p.summary << "\n"
+              << provenance_text(p.provenance, "      ", false);
+    for (const std::string& f : p.former_names) std::cout << "      former name " << f << "\n";
   }
-  std::cout << "use them by name, or write your own (docs/layouts.md)\n";
+  std::cout << "use them by name, or write your own (docs/layouts.md); layout show NAME prints the expressions\n";
   return 0;
 }
 
@@ -62,6 +64,7 @@ int cmd_show(const Args& a) {
   const CheckResult res = check(l);
   std::cout << "layout   " << l.name << "\n";
   if (!l.summary.empty()) std::cout << "         " << l.summary << "\n";
+  std::cout << provenance_text(l.provenance, "         ", true);
   print_regions(l, &res.report);
   std::cout << "check    " << res.report.summary() << "\n\n";
   std::cout << byte_map(l, a.integer("layer").value_or(0), a.integer("page").value_or(0));

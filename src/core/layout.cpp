@@ -26,6 +26,29 @@ std::string mode_text(const Mode& m) {
   return s.str();
 }
 
+std::string provenance_text(const Provenance& p, const std::string& indent, bool full) {
+  if (p.empty()) return indent + "provenance: none given\n";
+  std::ostringstream s;
+  if (!full) {  // two lines: who and where, then the files (each source is "path: what")
+    s << indent << p.engine << ", " << p.version << "; " << p.gpu_path << (p.role.empty() ? "" : "; " + p.role) << "\n"
+      << indent << "from";
+    for (size_t i = 0; i < p.sources.size(); ++i)
+      s << (i == 0 ? " " : ", ") << p.sources[i].substr(0, p.sources[i].find(": "));
+    s << "\n";
+    return s.str();
+  }
+  const auto rows = [&](const char* label, const std::vector<std::string>& items) {
+    for (size_t i = 0; i < items.size(); ++i) s << indent << (i == 0 ? label : "            ") << items[i] << "\n";
+  };
+  s << indent << "engine      " << p.engine << ", " << p.version << "\n";
+  s << indent << "gpu path    " << p.gpu_path << "\n";
+  if (!p.role.empty()) s << indent << "role        " << p.role << "\n";
+  rows("source      ", p.sources);
+  rows("transcribes ", p.expressions);
+  if (!p.notes.empty()) s << indent << "notes       " << p.notes << "\n";
+  return s.str();
+}
+
 std::string head_dim_problem(int64_t d) {
   if (d >= 16 && d % 16 == 0) return "";
   return "head dim must be a positive multiple of 16 (one E4M3 scale per 16 values), got " + std::to_string(d);

@@ -49,6 +49,34 @@ LayoutSpec::ModeSpec mode_spec(const json& v, const std::string& where) {
   return m;
 }
 
+// "provenance": where the layout comes from (docs/layouts.md). engine, version,
+// gpu_path, sources and expressions are required; role and notes are optional.
+Provenance provenance_of(const json& v) {
+  require_keys(v, {"engine", "version", "gpu_path", "role", "sources", "expressions", "notes"}, "provenance");
+  const auto text = [&](const char* key, bool required) -> std::string {
+    if (!v.contains(key)) {
+      if (required) throw LayoutError(std::string("provenance: \"") + key + "\" (text) is required");
+      return "";
+    }
+    if (!v[key].is_string() || v[key].get<std::string>().empty())
+      throw LayoutError(std::string("provenance.") + key + ": expected non-empty text, got " + v[key].dump());
+    return v[key].get<std::string>();
+  };
+  const auto lines = [&](const char* key) {
+    if (!v.contains(key) || !v[key].is_array() || v[key].empty())
+      throw LayoutError(std::string("provenance: \"") + key + "\" (a non-empty array of text) is required");
+    std::vector<std::string> out;
+    for (const json& e : v[key]) {
+      if (!e.is_string() || e.get<std::string>().empty())
+        throw LayoutError(std::string("provenance.") + key + ": expected non-empty text, got " + e.dump());
+      out.push_back(e.get<std::string>());
+    }
+    return out;
+  };
+  return {text("engine", true), text("version", true), text("gpu_path", true), text("role", false),
+          lines("sources"),     lines("expressions"),  text("notes", false)};
+}
+
 std::optional<int64_t> dim_value(const json& dims, const char* key) {
   if (!dims.contains(key)) return std::nullopt;
   const json& v = dims[key];
@@ -65,7 +93,7 @@ LayoutSpec parse_layout_spec(std::string_view text) {
   } catch (const json::exception& e) {
     throw LayoutError(std::string("layout text is not valid JSON: ") + e.what());
   }
-  require_keys(doc, {"name", "summary", "source", "dims", "let", "buffers", "regions"}, "layout");
+  require_keys(doc, {"name", "summary", "source", "provenance", "dims", "let", "buffers", "regions"}, "layout");
   LayoutSpec spec;
   if (!doc.contains("name") || !doc["name"].is_string()) throw LayoutError("layout: \"name\" (a string) is required");
   spec.name = doc["name"].get<std::string>();
@@ -73,6 +101,7 @@ LayoutSpec parse_layout_spec(std::string_view text) {
     if (!doc["summary"].is_string()) throw LayoutError("layout: \"summary\" must be a string");
     spec.summary = doc["summary"].get<std::string>();
   }
+  if (doc.contains("provenance")) spec.provenance = provenance_of(doc["provenance"]);
   if (doc.contains("dims")) {
     const json& d = doc["dims"];
     require_keys(d, {"layers", "pages", "tokens_per_page", "heads", "head_dim"}, "dims");
@@ -137,6 +166,7 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
   Layout l;
   l.name = spec.name;
   l.summary = spec.summary;
+  l.provenance = spec.provenance;
   const auto pick = [&](std::optional<int64_t> o, std::optional<int64_t> d) { return o ? o : d; };
   const std::optional<int64_t> L = pick(over.layers, spec.defaults.layers).value_or(1);
   const std::optional<int64_t> P = pick(over.pages, spec.defaults.pages);
@@ -218,6 +248,12 @@ std::string to_json(const Layout& l) {
   json doc;
   doc["name"] = l.name;
   if (!l.summary.empty()) doc["summary"] = l.summary;
+  if (const Provenance& p = l.provenance; !p.empty()) {
+    json& j = doc["provenance"] = {{"engine", p.engine}, {"version", p.version}, {"gpu_path", p.gpu_path},
+                                   {"sources", p.sources}, {"expressions", p.expressions}};
+    if (!p.role.empty()) j["role"] = p.role;
+    if (!p.notes.empty()) j["notes"] = p.notes;
+  }
   doc["dims"] = {{"layers", l.dims.layers}, {"pages", l.dims.pages}, {"tokens_per_page", l.dims.tokens_per_page},
                  {"heads", l.dims.heads}, {"head_dim", l.dims.head_dim}};
   doc["buffers"] = json::array();
@@ -237,8 +273,7 @@ std::string to_json(const Layout& l) {
 }
 
 LayoutSpec load_spec(std::string_view name_or_path) {
-  for (const PresetInfo& p : list_presets())
-    if (p.name == name_or_path) return preset_spec(name_or_path);
+  if (is_preset_name(name_or_path)) return preset_spec(name_or_path);
   std::ifstream in{std::string(name_or_path)};
   if (!in) {
     std::string names;

@@ -209,6 +209,39 @@ TEST(LayoutText, ModesParseAndPrintBack) {
   }
 }
 
+// Provenance is data the loader keeps: parsed, carried to the Layout, printed
+// back by to_json, and refused when a required part is missing or empty.
+TEST(LayoutText, ProvenanceIsParsedKeptAndPrintedBack) {
+  const std::string prov = R"("provenance": {"engine": "E", "version": "v1", "gpu_path": "SM100", "role": "writer",
+    "sources": ["a.cu: f"], "expressions": ["K = t*dd + j", "V = ..."]},)";
+  std::string t = kTinyLayout;
+  t.insert(t.find("\"buffers\""), prov);
+  const Layout l = instantiate(parse_layout_spec(t), {});
+  EXPECT_EQ(l.provenance.engine, "E");
+  EXPECT_EQ(l.provenance.gpu_path, "SM100");
+  EXPECT_EQ(l.provenance.expressions.size(), 2u);
+  EXPECT_TRUE(l.provenance.notes.empty());
+  const Layout again = instantiate(parse_layout_spec(to_json(l)), {});
+  EXPECT_EQ(again.provenance.sources, l.provenance.sources);
+  EXPECT_EQ(to_json(again), to_json(l));
+  EXPECT_NE(provenance_text(l.provenance, "", true).find("K = t*dd + j"), std::string::npos);
+  EXPECT_TRUE(instantiate(parse_layout_spec(kTinyLayout), {}).provenance.empty());
+  const auto refused = [&](const std::string& from, const std::string& to, const std::string& why) {
+    std::string bad = t;
+    bad.replace(bad.find(from), from.size(), to);
+    try {
+      parse_layout_spec(bad);
+      ADD_FAILURE() << "accepted " << to;
+    } catch (const LayoutError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused(R"("engine": "E", )", "", R"("engine" (text) is required)");
+  refused(R"(["a.cu: f"])", "[]", R"("sources" (a non-empty array of text) is required)");
+  refused(R"("version": "v1")", R"("version": 1)", "provenance.version: expected non-empty text");
+  refused(R"("role": "writer")", R"("rolle": "writer")", R"(unknown key "rolle")");
+}
+
 // Random small layouts, most of them broken: check() must agree with the
 // exhaustive ownership map every time, and a named collision must be real.
 TEST(Check, AgreesWithBruteForceOnRandomLayouts) {

@@ -2,7 +2,9 @@
 // the known-bad cases pinned.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "brute_force.hpp"
 #include "nvfp4kv/core/layout.hpp"
@@ -12,7 +14,9 @@ namespace {
 
 Layout preset(const char* name, const DimsOverride& d) { return instantiate(preset_spec(name), d); }
 
-const std::vector<std::string> kBroken = {"vllm-packed-nhd-writer", "vllm-packed-nhd-reader"};
+// vLLM's packed NHD views as its writer and its reader address them (reference doc section 2).
+const std::vector<std::string> kBroken = {"vllm-packed-nhd-writer-upstream", "vllm-packed-nhd-writer-sm12x",
+                                          "vllm-packed-nhd-reader-sm120"};
 
 bool broken(const std::string& n) { return std::find(kBroken.begin(), kBroken.end(), n) != kBroken.end(); }
 
@@ -30,7 +34,7 @@ TEST(Presets, VerdictsMatchTheExhaustiveOwnershipMapAtManySizes) {
             ASSERT_EQ(r.ok, !broken(p.name)) << p.name << " H" << heads << " D" << dim << " N" << n << ": " << r.summary();
             ++checked;
           }
-  EXPECT_GE(checked, 13 * 54);
+  EXPECT_GE(checked, 23 * 54);
 }
 
 // Kernels address a (layer, page, head) tile through LayoutView::tile and walk
@@ -77,7 +81,22 @@ TEST(Presets, TileViewAndHeadStepGiveEveryElementsOffset) {
           }
       }
   }
-  EXPECT_GE(checked, 11 * 4);
+  EXPECT_GE(checked, 20 * 4);
+}
+
+// check rejects `l` naming two V scales and the byte they share, which both really occupy.
+CheckReport expect_two_v_scales_share_a_byte(const Layout& l) {
+  const CheckReport r = check(l).report;
+  EXPECT_FALSE(r.ok);
+  EXPECT_TRUE(r.collision.has_value()) << r.summary();
+  if (!r.collision) return r;
+  const Collision& c = *r.collision;
+  EXPECT_EQ(c.a, Region::kVScale);
+  EXPECT_EQ(c.b, Region::kVScale);
+  EXPECT_EQ(l.offset(c.a, c.coord_a), c.byte);
+  EXPECT_EQ(l.offset(c.b, c.coord_b), c.byte);
+  EXPECT_NE(r.problems[0].find("share byte " + std::to_string(c.byte)), std::string::npos) << r.problems[0];
+  return r;
 }
 
 // With the interleave as data both spellings exist at every head dim: TensorRT-LLM's
@@ -87,16 +106,8 @@ TEST(Presets, InterleaveSpellingsAtHeadDims80And96) {
   for (int64_t dim : {80, 96}) {
     const CheckReport trt = check(preset("trtllm", {1, 3, 16, 2, dim})).report;
     EXPECT_TRUE(trt.ok) << dim << ": " << trt.summary();
-    const Layout fl = preset("flashinfer-trtllm-gen-hnd", {1, 3, 16, 2, dim});
-    const CheckReport fi = check(fl).report;
-    ASSERT_FALSE(fi.ok) << dim;
-    ASSERT_TRUE(fi.collision.has_value()) << fi.summary();
-    const Collision& c = *fi.collision;
-    EXPECT_EQ(c.a, Region::kVScale);
-    EXPECT_EQ(c.b, Region::kVScale);
-    EXPECT_EQ(fl.offset(c.a, c.coord_a), c.byte);
-    EXPECT_EQ(fl.offset(c.b, c.coord_b), c.byte);
-    EXPECT_NE(fi.problems[0].find("share byte"), std::string::npos) << fi.problems[0];
+    SCOPED_TRACE(dim);
+    expect_two_v_scales_share_a_byte(preset("flashinfer-trtllm-gen-hnd", {1, 3, 16, 2, dim}));
   }
   // Below D 64 FlashInfer's spelling divides by sd / 4 = 0: refused when the sizes are bound.
   EXPECT_THROW(preset("flashinfer-trtllm-gen-hnd", {1, 2, 16, 2, 32}), LayoutError);
@@ -106,8 +117,8 @@ TEST(Presets, InterleaveSpellingsAtHeadDims80And96) {
 TEST(Presets, FormulasOfTheReferenceDoc) {
   // vLLM legacy HND: K scale = b*P + H*N*dd + h*N*sd + t*sd + g, V base + H*N*F.
   const int64_t H = 4, N = 16, D = 128, dd = 64, sd = 8, F = 72, P = 2 * H * N * F;
-  const Layout hnd = preset("vllm-legacy-hnd", {1, 5, N, H, D});
-  const Layout nhd = preset("vllm-legacy-nhd", {1, 5, N, H, D});
+  const Layout hnd = preset("vllm-legacy-hnd-writer-sm12x", {1, 5, N, H, D});
+  const Layout nhd = preset("vllm-legacy-nhd-writer-sm12x", {1, 5, N, H, D});
   const Layout fi = preset("flashinfer-trtllm-gen-hnd", {1, 5, N, H, D});
   const Layout trt = preset("trtllm", {1, 5, N, H, D});
   for (int64_t b = 0; b < 5; ++b)
@@ -135,14 +146,14 @@ TEST(Presets, FormulasOfTheReferenceDoc) {
 }
 
 TEST(Presets, VllmPackedNhdReaderFirstCollisionIsPinned) {
-  const CheckReport r = check(preset("vllm-packed-nhd-reader", {1, 1, 16, 1, 128})).report;
+  const CheckReport r = check(preset("vllm-packed-nhd-reader-sm120", {1, 1, 16, 1, 128})).report;
   ASSERT_FALSE(r.ok);
   ASSERT_TRUE(r.collision.has_value());
   EXPECT_EQ(r.collision->message(),
             "k_data[layer 0, page 0, token 8, head 0, byte 0] and k_scale[layer 0, page 0, token 0, head 0, group 0] "
             "share byte 1024 of buffer \"kv\"");
   // Bytes 1024-1031 are K data (t=8, j=0..7) and K scale (t=0, g=0..7).
-  const Layout l = preset("vllm-packed-nhd-reader", {1, 1, 16, 1, 128});
+  const Layout l = preset("vllm-packed-nhd-reader-sm120", {1, 1, 16, 1, 128});
   for (int64_t k = 0; k < 8; ++k) {
     EXPECT_EQ(l.offset(Region::kKData, {0, 0, 8, 0, k}), 1024 + k);
     EXPECT_EQ(l.offset(Region::kKScale, {0, 0, 0, 0, k}), 1024 + k);
@@ -150,7 +161,7 @@ TEST(Presets, VllmPackedNhdReaderFirstCollisionIsPinned) {
 }
 
 TEST(Presets, VllmPackedNhdWriterOverlapsKWithV) {
-  const CheckReport r = check(preset("vllm-packed-nhd-writer", {1, 1, 16, 1, 128})).report;
+  const CheckReport r = check(preset("vllm-packed-nhd-writer-sm12x", {1, 1, 16, 1, 128})).report;
   ASSERT_FALSE(r.ok);
   EXPECT_EQ(r.collision->message(),
             "k_data[layer 0, page 0, token 1, head 0, byte 8] and v_data[layer 0, page 0, token 0, head 0, byte 0] "
@@ -160,7 +171,8 @@ TEST(Presets, VllmPackedNhdWriterOverlapsKWithV) {
 
 TEST(Presets, VllmPackedNhdWriterAndReaderDisagreeOnEveryTokenButZero) {
   const DimsOverride d{1, 1, 16, 1, 128};
-  const CompareReport r = compare(preset("vllm-packed-nhd-writer", d), preset("vllm-packed-nhd-reader", d));
+  const CompareReport r =
+      compare(preset("vllm-packed-nhd-writer-sm12x", d), preset("vllm-packed-nhd-reader-sm120", d));
   EXPECT_FALSE(r.agree);
   // 15 of 16 tokens differ in every region: 2 sides x 15 x (64 + 8).
   EXPECT_EQ(r.misplaced, 2160);
@@ -171,7 +183,8 @@ TEST(Presets, VllmPackedNhdWriterAndReaderDisagreeOnEveryTokenButZero) {
   EXPECT_EQ(r.examples[0].coord.token, 1);
   // Over a full cache (8 heads, 1000 pages, 32 layers) the count scales exactly.
   const DimsOverride big{32, 1000, 16, 8, 128};
-  const CompareReport r2 = compare(preset("vllm-packed-nhd-writer", big), preset("vllm-packed-nhd-reader", big));
+  const CompareReport r2 =
+      compare(preset("vllm-packed-nhd-writer-sm12x", big), preset("vllm-packed-nhd-reader-sm120", big));
   // Only token 0 of head 0 agrees in each region: K/V data differ for (t, h) != (0, 0) since
   // t*H*dd + h*dd == t*2H*dd + h*dd only at t == 0.
   EXPECT_EQ(r2.misplaced, int64_t(32) * 1000 * 2 * 15 * 8 * 72);
@@ -185,7 +198,105 @@ TEST(Presets, SwizzledWriterAgainstLinearReaderDisagreesOnVScalesOnly) {
   EXPECT_EQ(r.misplaced_per_region[1], 0);
   EXPECT_EQ(r.misplaced_per_region[2], 0);
   EXPECT_GT(r.misplaced_per_region[3], 0);
-  EXPECT_TRUE(compare(preset("vllm-legacy-hnd", d), preset("vllm-packed-hnd", d)).agree);
+  EXPECT_TRUE(compare(preset("vllm-legacy-hnd-writer-upstream", d), preset("vllm-packed-hnd-reader-sm100", d)).agree);
+}
+
+// vLLM issue #50084: upstream's writer interleaves V scales on every GPU, SM120's
+// readers take them linear. compare names V scales and nothing else; the pairs
+// of one GPU path agree. Counts and the example byte are issue 13's, measured by
+// running vLLM's own writer arithmetic: 360 of 6912 at 1 head x D 128 x N 16 x
+// 3 pages, 2880 of 55296 at 8 heads; V scale (page 0, token 0, head 0, group 1)
+// is byte 2180 in the writer and 2177 where the linear reader looks.
+TEST(Presets, VllmUpstreamWriterAgainstSm120ReaderIsIssue50084) {
+  for (const char* cache : {"legacy-hnd", "packed-hnd", "legacy-nhd"}) {
+    const std::string v = std::string("vllm-") + cache;
+    for (int64_t heads : {1, 8}) {
+      SCOPED_TRACE(v + " H" + std::to_string(heads));
+      const DimsOverride d{1, 3, 16, heads, 128};
+      const auto vllm = [&](const char* role_path) { return preset((v + role_path).c_str(), d); };
+      const CompareReport r = compare(vllm("-writer-upstream"), vllm("-reader-sm120"));
+      EXPECT_EQ(r.elements, 6912 * heads);
+      EXPECT_EQ(r.misplaced, 360 * heads);
+      EXPECT_EQ(r.misplaced_per_region[size_t(Region::kVScale)], r.misplaced);
+      EXPECT_NE(r.summary("w", "r").find("v_scale " + std::to_string(360 * heads) + ")"), std::string::npos);
+      EXPECT_TRUE(compare(vllm("-writer-sm12x"), vllm("-reader-sm120")).agree);
+      if (v != "vllm-legacy-nhd")  // SM100 reads HND only (vLLM requires it there)
+        EXPECT_TRUE(compare(vllm("-writer-upstream"), vllm("-reader-sm100")).agree);
+    }
+  }
+  const DimsOverride one{1, 3, 16, 1, 128};
+  const CompareReport r =
+      compare(preset("vllm-legacy-hnd-writer-upstream", one), preset("vllm-legacy-hnd-reader-sm120", one));
+  ASSERT_FALSE(r.examples.empty());
+  const Misplacement& m = r.examples[0];
+  EXPECT_EQ(m.region, Region::kVScale);
+  EXPECT_EQ(describe_element(m.region, m.coord), "v_scale[layer 0, page 0, token 0, head 0, group 1]");
+  EXPECT_EQ(m.writer_byte, 2180);
+  EXPECT_EQ(m.reader_byte, 2177);
+}
+
+// The names before the split keep loading the bytes they always described
+// (linear V scales), under the preset that now holds them.
+TEST(Presets, FormerNamesLoadTheBytesTheyAlwaysDescribed) {
+  const DimsOverride d{2, 3, 16, 2, 128};
+  for (const auto& [former, now] : std::vector<std::pair<std::string, std::string>>{
+           {"vllm-legacy-hnd", "vllm-legacy-hnd-writer-sm12x"},
+           {"vllm-legacy-nhd", "vllm-legacy-nhd-writer-sm12x"},
+           {"vllm-packed-hnd", "vllm-packed-hnd-writer-sm12x"},
+           {"vllm-packed-nhd-writer", "vllm-packed-nhd-writer-sm12x"},
+           {"vllm-packed-nhd-reader", "vllm-packed-nhd-reader-sm120"}}) {
+    ASSERT_TRUE(is_preset_name(former)) << former;
+    const Layout l = instantiate(load_spec(former), d);
+    EXPECT_EQ(l.name, now);
+    EXPECT_EQ(to_json(l), to_json(preset(now.c_str(), d)));
+    bool listed = false;
+    for (const PresetInfo& p : list_presets())
+      listed |= p.name == now && std::count(p.former_names.begin(), p.former_names.end(), former) == 1;
+    EXPECT_TRUE(listed) << former;
+  }
+  // Linear V scales, as before: K's and V's scale planes have the same shape.
+  const Layout l = instantiate(load_spec("vllm-legacy-hnd"), d);
+  EXPECT_EQ(l.region(Region::kVScale).token, l.region(Region::kKScale).token);
+  EXPECT_EQ(l.region(Region::kVScale).column, Mode(1));
+}
+
+// At D 96 (sd = 6, sd/4 = 1) vLLM's interleave leaves its (page, head) plane: the
+// upstream writer is still describable, and check rejects it naming two V scales
+// that share a byte, and the bytes that leave the allocation.
+TEST(Presets, VllmUpstreamWriterAtHeadDim96IsRejectedWithTheByte) {
+  for (const char* name : {"vllm-legacy-hnd-writer-upstream", "vllm-legacy-nhd-writer-upstream",
+                           "vllm-packed-hnd-writer-upstream", "vllm-legacy-hnd-reader-sm100"}) {
+    SCOPED_TRACE(name);
+    const Layout l = preset(name, {1, 3, 16, 2, 96});
+    const CheckReport r = expect_two_v_scales_share_a_byte(l);
+    const testing::BruteForce bf = testing::brute_force(l);
+    EXPECT_TRUE(bf.overlap && bf.out_of_bounds);
+    bool outside = false;
+    for (const std::string& p : r.problems) outside |= p.find("is outside buffer \"kv\"") != std::string::npos;
+    EXPECT_TRUE(outside) << r.summary();
+  }
+  // Issue 13 measured vLLM's own writer arithmetic at 4 heads x D 96 x N 16 x 3 pages:
+  // 8 (HND) / 32 (NHD) bytes outside the allocation, 752 / 704 elements sharing a byte.
+  const auto damage = [](const Layout& l) {
+    std::map<int64_t, int64_t> owners;
+    for (Region r : kAllRegions)
+      for (Coord c; c.page < l.dims.pages; ++c.page)
+        for (c.head = 0; c.head < l.dims.heads; ++c.head)
+          for (c.token = 0; c.token < l.dims.tokens_per_page; ++c.token)
+            for (c.column = 0; c.column < l.dims.columns(r); ++c.column) ++owners[l.offset(r, c)];
+    std::pair<int64_t, int64_t> outside_and_shared{0, 0};
+    for (auto [byte, n] : owners) {
+      outside_and_shared.first += byte >= l.buffers[0].bytes;
+      outside_and_shared.second += n > 1 ? n : 0;
+    }
+    return outside_and_shared;
+  };
+  using Damage = std::pair<int64_t, int64_t>;
+  EXPECT_EQ(damage(preset("vllm-legacy-hnd-writer-upstream", {1, 3, 16, 4, 96})), Damage(8, 752));
+  EXPECT_EQ(damage(preset("vllm-legacy-nhd-writer-upstream", {1, 3, 16, 4, 96})), Damage(32, 704));
+  // The linear SM12x writer is sound there, and below D 64 the interleave cannot be formed.
+  EXPECT_TRUE(check(preset("vllm-legacy-hnd-writer-sm12x", {1, 3, 16, 2, 96})).report.ok);
+  EXPECT_THROW(preset("vllm-legacy-hnd-writer-upstream", {1, 3, 16, 2, 48}), LayoutError);
 }
 
 // A page size the 4-token interleave does not divide pushes the last tokens'
@@ -199,7 +310,7 @@ TEST(Presets, InterleaveOutsideItsPlaneIsRejected) {
 }
 
 TEST(Check, SixtyFourLayersTwoHundredThousandPagesInUnderASecond) {
-  for (const char* name : {"nvfp4kv-native-layers", "vllm-legacy-hnd", "flashinfer-nhd", "trtllm"}) {
+  for (const char* name : {"nvfp4kv-native-layers", "vllm-legacy-hnd-writer-upstream", "flashinfer-nhd", "trtllm"}) {
     const Layout l = preset(name, {64, 200000, 16, 8, 128});
     const auto start = std::chrono::steady_clock::now();
     const CheckReport r = check(l).report;

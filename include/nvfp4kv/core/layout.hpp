@@ -19,6 +19,24 @@ std::string mode_text(const Mode& m);
 inline constexpr std::array<Region, kRegionCount> kAllRegions = {Region::kKData, Region::kKScale,
                                                                 Region::kVData, Region::kVScale};
 
+// Where a layout comes from: the engine code whose index expressions it
+// transcribes (docs/layouts.md, "Text form" and "Presets"). Every preset carries one; a
+// layout file of one's own may leave it out (then engine is empty).
+struct Provenance {
+  std::string engine;    // "vLLM", "FlashInfer", ...
+  std::string version;   // a release, commit range or date the transcription holds for
+  std::string gpu_path;  // the GPU code path that addresses the bytes this way
+  std::string role;      // "writer", "reader", "writer and reader" (optional)
+  std::vector<std::string> sources;      // "path: what it contributes", one entry per file
+  std::vector<std::string> expressions;  // the engine's index expressions, as transcribed
+  std::string notes;                     // optional
+  bool empty() const { return engine.empty(); }
+};
+
+// Indented lines for listings: two lines (who, and the source paths), or with
+// full set every field, expressions and notes included.
+std::string provenance_text(const Provenance& p, const std::string& indent, bool full);
+
 struct Buffer {
   std::string name;
   int64_t bytes = 0;       // size of one allocation
@@ -29,6 +47,7 @@ struct Buffer {
 struct Layout {
   std::string name;
   std::string summary;
+  Provenance provenance;
   CacheDims dims;
   std::vector<Buffer> buffers;
   std::array<RegionMap, kRegionCount> regions{};
@@ -134,6 +153,7 @@ struct DimsOverride {
 // L P N H D dd sd F (docs/layouts.md).
 struct LayoutSpec {
   std::string name, summary;
+  Provenance provenance;
   DimsOverride defaults;
   std::vector<std::pair<std::string, std::string>> lets;  // named sub-expressions, in order
   struct BufferSpec {
@@ -160,9 +180,13 @@ std::string to_json(const Layout& layout);                          // concrete,
 // ---- presets --------------------------------------------------------------------
 struct PresetInfo {
   std::string name, summary;
+  Provenance provenance;
+  std::vector<std::string> former_names;  // names this preset had before; they still load it
 };
 std::vector<PresetInfo> list_presets();
-LayoutSpec preset_spec(std::string_view name);  // throws LayoutError naming the presets
+// A preset by its name or a former name; throws LayoutError naming the presets.
+LayoutSpec preset_spec(std::string_view name);
+bool is_preset_name(std::string_view name);  // a preset's name or former name
 // A preset name, or a path to a JSON file.
 LayoutSpec load_spec(std::string_view name_or_path);
 
