@@ -220,8 +220,9 @@ TEST(Presets, VllmUpstreamWriterAgainstSm120ReaderIsIssue50084) {
       EXPECT_EQ(r.misplaced_per_region[size_t(Region::kVScale)], r.misplaced);
       EXPECT_NE(r.summary("w", "r").find("v_scale " + std::to_string(360 * heads) + ")"), std::string::npos);
       EXPECT_TRUE(compare(vllm("-writer-sm12x"), vllm("-reader-sm120")).agree);
-      if (v != "vllm-legacy-nhd")  // SM100 reads HND only (vLLM requires it there)
+      if (v != "vllm-legacy-nhd") {  // SM100 reads HND only (vLLM requires it there)
         EXPECT_TRUE(compare(vllm("-writer-upstream"), vllm("-reader-sm100")).agree);
+      }
     }
   }
   const DimsOverride one{1, 3, 16, 1, 128};

@@ -156,8 +156,8 @@ TEST_F(Gpu, StoreAndGatherMatchTheReferenceForEverySoundPreset) {
       }
     presets += any;
   }
-  // Every preset that is sound at some size ran (all but the two broken vLLM views).
-  EXPECT_EQ(presets, int(list_presets().size()) - 2);
+  // Every preset that is sound at some size ran (all but the three broken vLLM packed NHD views).
+  EXPECT_EQ(presets, int(list_presets().size()) - 3);
   EXPECT_GE(ran, presets * 4 * 4);
 }
 
