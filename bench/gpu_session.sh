@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# One GPU session on the lent H200: build for sm_90a, run the GPU tests, run
-# them under compute-sanitizer (memcheck, racecheck), run the round trip and
-# the benchmark, and print a short table last. Logs go to $OUT.
+# One GPU session on the lent H200: build for sm_90a (this tree, and the tree
+# named by NVFP4KV_BEFORE for a before/after comparison of store and gather),
+# run the GPU tests, compute-sanitizer memcheck and racecheck, the round trip on
+# every preset, the store/gather benchmark (before and after, alternating), and
+# decode attention against PyTorch SDPA. A short table comes last; logs go to $OUT.
 # The device machine has no package manager: GoogleTest sources and the
-# nlohmann headers travel in .carry/ (see bench/README.md).
+# nlohmann headers travel in .carry/ (bench/README.md says how to make it).
+# Options (environment): NVFP4KV_BEFORE=DIR (an older source tree to benchmark
+# beside this one), NVFP4KV_DECODE=full|quick|0, NVFP4KV_NCU=1 (Nsight Compute on
+# one decode launch), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_BENCH=0
+# (skip the store/gather benchmark).
 set -uo pipefail
 OUT=${OUT:-/tmp/nvfp4kv-out}
-# Logs go to $OUT/logs and leave as one archive (the device tool returns few files);
-# the benchmark tables stay beside it.
 TABLES=$OUT
 OUT=$OUT/logs
 mkdir -p "$OUT"
@@ -16,69 +20,79 @@ cd "$(dirname "$0")/.."
 step() { echo; echo "=== $* ($(date +%T))"; }
 status=()
 record() { status+=("$1: $2"); }
+configure() {  # source dir, build dir
+  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNVFP4KV_REQUIRE_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DNVFP4KV_EXTRA_INCLUDE="$PWD/.carry/include" \
+    -DNVFP4KV_GTEST_SOURCE="$PWD/.carry/googletest"
+}
 
 step "device"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 step "build"
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DNVFP4KV_REQUIRE_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90a -DNVFP4KV_EXTRA_INCLUDE="$PWD/.carry/include" \
-  -DNVFP4KV_GTEST_SOURCE="$PWD/.carry/googletest" > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+before=${NVFP4KV_BEFORE:-}
+if [ -n "$before" ]; then
+  (configure "$before" build/before > "$OUT/configure_before.log" 2>&1 &&
+    cmake --build build/before -j 8 --target nvfp4kv_bench > "$OUT/build_before.log" 2>&1) &
+  before_pid=$!
+fi
+configure . build/gpu > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build/gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
-cuobjdump --dump-resource-usage build/gpu/libnvfp4kv_cuda.a 2>/dev/null | grep -E "Function|REG" | sed 's/^\s*//' | paste - - | awk '{print $2, $3, $4, $5, $6, $7}' | head -12
+grep -E "spill|warning" "$OUT/build.log" | sort | uniq -c | head -10
+[ -n "$before" ] && { wait $before_pid || { echo "before-tree build failed"; tail -20 "$OUT/build_before.log"; before=""; }; }
 
-if [ "${NVFP4KV_SASS:-0}" = 1 ]; then
-  step "SASS opcode counts (bf16 store, standard rule; bf16 gather)"
-  cuobjdump -sass build/gpu/libnvfp4kv_cuda.a > "$OUT/sass.txt" 2>&1
-  python3 - "$OUT/sass.txt" <<'PY'
-import collections, re, sys
-text = open(sys.argv[1]).read()
-for name in ("store_kernelILNS_11ElementTypeE1ELNS_9ScaleRuleE0", "gather_kernelILNS_11ElementTypeE1"):
-    m = re.search(r"Function : (\S*%s\S*)" % name, text)
-    if not m:
-        print("not found:", name); continue
-    body = text[m.end():text.find("Function :", m.end())]
-    ops = collections.Counter(re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", body))
-    print(name, "instructions:", sum(ops.values()))
-    print("  " + ", ".join("%s %d" % kv for kv in ops.most_common(24)))
-PY
+if [ "${NVFP4KV_TESTS:-1}" = 1 ]; then
+  step "GPU tests: decode attention"
+  timeout 240 build/gpu/tests/nvfp4kv_gpu_tests --gtest_filter='GpuDecode.*' > "$OUT/gpu_decode.log" 2>&1
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is|rel L2" "$OUT/gpu_decode.log" | head -70
+  grep -q "^\[  PASSED  \]" "$OUT/gpu_decode.log" && ! grep -q "^\[  FAILED" "$OUT/gpu_decode.log" && record "decode tests" pass || record "decode tests" FAIL
+  step "GPU tests: the rest"
+  timeout 300 build/gpu/tests/nvfp4kv_gpu_tests --gtest_filter='-GpuDecode.*' > "$OUT/gpu_tests.log" 2>&1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure" "$OUT/gpu_tests.log" | head -20
+  grep -q "^\[  PASSED  \]" "$OUT/gpu_tests.log" && ! grep -q "^\[  FAILED" "$OUT/gpu_tests.log" && record "store/gather tests" pass || record "store/gather tests" FAIL
+  step "CPU tests of this build"
+  (cd build/gpu && ctest -E "Gpu|fuzz" -j 16 2>&1 | tail -2)
+  step "compute-sanitizer memcheck"
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
+    --gtest_filter='Gpu.SlotEdgeCases:Gpu.GatherOfARaggedBatch*:Gpu.OddShapes*:GpuDecode.OptionsMatch*:GpuDecode.BadEntries*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.HostSide*' \
+    > "$OUT/memcheck.log" 2>&1; rc=$?
+  tail -3 "$OUT/memcheck.log"; record "memcheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
+  step "compute-sanitizer racecheck"
+  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
+    --gtest_filter='Gpu.SlotEdgeCases:GpuDecode.OptionsMatch*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*' \
+    > "$OUT/racecheck.log" 2>&1; rc=$?
+  tail -3 "$OUT/racecheck.log"; record "racecheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
+  step "round trip on every preset, and the demo"
+  for p in $(build/gpu/nvfp4kv layout presets | awk '/^  [a-z]/ && $2 == "sound" {print $1}'); do
+    printf '%-36s %s\n' "$p" "$(build/gpu/nvfp4kv roundtrip --layout "$p" 2>&1 | tail -1)"
+  done | tee "$OUT/roundtrip.log" | grep -c "PASS" | sed 's/^/presets passing: /'
+  grep -v PASS "$OUT/roundtrip.log" | head
+  build/gpu/nvfp4kv demo > "$OUT/demo.log" 2>&1; record "demo" "rc $?"
 fi
 
-step "CPU tests (same build)"
-(cd build/gpu && ctest -E "Gpu|fuzz" -j 16 2>&1 | tail -3)
-step "GPU tests"
-build/gpu/tests/nvfp4kv_gpu_tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |OK \]|FAILED|Failure|error" | head -40
-grep -q "^\[  PASSED  \]" "$OUT/gpu_tests.log" && ! grep -q "FAILED" "$OUT/gpu_tests.log" && record "gpu tests" pass || record "gpu tests" FAIL
-step "compute-sanitizer memcheck"
-timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
-  --gtest_filter='-Gpu.LargeRandom*:GpuCodecs.E4M3Encode*' > "$OUT/memcheck.log" 2>&1; rc=$?
-tail -4 "$OUT/memcheck.log"; record "memcheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
-step "compute-sanitizer racecheck"
-timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
-  --gtest_filter='Gpu.SlotEdgeCases:Gpu.GatherMarks*:Gpu.LargeRandom*' > "$OUT/racecheck.log" 2>&1; rc=$?
-tail -3 "$OUT/racecheck.log"; record "racecheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
-step "round trip and demo"
-build/gpu/nvfp4kv roundtrip --layout nvfp4kv-native --pages 512 --tokens 6000 | tee "$OUT/roundtrip.log" | tail -12
-build/gpu/nvfp4kv roundtrip --layout trtllm | tail -2
-build/gpu/nvfp4kv demo > "$OUT/demo.log" 2>&1; record "demo" "rc $?"
-step "benchmark"
-build/gpu/nvfp4kv_bench --markdown "$TABLES/bench.md" 2>&1 | tee "$OUT/bench.log" | grep -v "^|"
-if [ "${NVFP4KV_REPEAT:-1}" = 1 ]; then
-  echo "--- the same binary again (spread between runs)"
-  build/gpu/nvfp4kv_bench --markdown "$TABLES/bench2.md" 2>&1 | grep -E "store 65536 tok x 8 heads x D128, nvfp4kv|gather 65536 tok x 8 heads x D128 -> bf16, nvfp4kv|copy" | grep -v "^|"
+if [ "${NVFP4KV_BENCH:-1}" = 1 ]; then
+step "store and gather benchmark (before / after, alternating)"
+for i in 1 2; do
+  [ -n "$before" ] && build/before/nvfp4kv_bench --markdown "$TABLES/bench_before$i.md" > "$OUT/bench_before$i.log" 2>&1
+  build/gpu/nvfp4kv_bench --markdown "$TABLES/bench_after$i.md" > "$OUT/bench_after$i.log" 2>&1
+done
+for f in "$TABLES"/bench_*.md; do echo "--- $(basename "$f")"; grep -E "copy|store 65536 tok x 8 heads x D128, nvfp4kv-native|gather 65536|16384|decode-step store, 64 tok \(1 launch\), graph" "$f"; done
+fi
+
+if [ "${NVFP4KV_DECODE:-full}" != 0 ]; then
+  step "decode attention vs PyTorch SDPA (${NVFP4KV_DECODE:-full})"
+  quick=""; [ "${NVFP4KV_DECODE:-full}" = quick ] && quick="--quick"
+  PYTHONUNBUFFERED=1 timeout 400 python3 bench/decode_vs_sdpa.py --nvfp4kv build/gpu/nvfp4kv --out "$TABLES" $quick \
+    > "$OUT/decode_bench.log" 2>&1; rc=$?
+  record "decode bench" "rc $rc"
+  [ $rc = 0 ] || tail -20 "$OUT/decode_bench.log"
 fi
 if [ "${NVFP4KV_NCU:-0}" = 1 ]; then
-  for k in store_kernel gather_kernel; do
-    step "ncu: $k (one launch of the 65536-token case)"
-    timeout 150 ncu --clock-control none -k regex:$k -s 8 -c 1 --section SpeedOfLight --section Occupancy \
-      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
-      build/gpu/nvfp4kv_bench --profile > "$OUT/ncu_$k.log" 2>&1
-    grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Executed Ipc A|Stall|Mem Busy|Max Bandwidth" "$OUT/ncu_$k.log" | head -24
-  done
-fi
-if [ -n "${NVFP4KV_VARIANTS:-}" ]; then
-  step "variants (cumulative patches): $NVFP4KV_VARIANTS"
-  NVFP4KV_NCU=${NVFP4KV_VARIANT_NCU:-0} bench/variants.sh $NVFP4KV_VARIANTS 2>&1 | tee "$OUT/variants.log"
+  step "ncu: decode, batch 16 x 32768, 32/8 heads, D 128"
+  timeout 200 ncu --clock-control none -k regex:decode_kernel -s 2 -c 1 --section SpeedOfLight --section Occupancy \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats \
+    build/gpu/nvfp4kv bench decode --batch 16 --context 32768 > "$OUT/ncu_decode.log" 2>&1
+  grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Executed Ipc A|Stall|Mem Busy|Max Bandwidth|Waves" "$OUT/ncu_decode.log" | head -30
 fi
 step "summary"
 printf '%s\n' "${status[@]}"
-cat "$TABLES/bench.md"
+[ -f "$TABLES/decode.md" ] && cat "$TABLES/decode.md"
