@@ -81,7 +81,7 @@ std::string decode_problem(const ValidLayout& layout, const CacheBuffers& buffer
   if (a.window < 0) return "window must be >= 0 (0: the whole sequence), got " + std::to_string(a.window);
   if (!(a.softcap >= 0) || !(a.softcap < 3.0e38f))
     return "softcap must be finite and >= 0 (0: off), got " + std::to_string(a.softcap);
-  if (a.batch.batch > 0 && (!a.q || !a.out)) return "the query and the output are required";
+  if (a.batch.batch > 0 && !a.q) return "the query is required";
   return "";
 }
 

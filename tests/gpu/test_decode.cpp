@@ -313,7 +313,7 @@ TEST_F(GpuDecode, HostSideErrorsLaunchNothing) {
     EXPECT_EQ(r.status, Status::kInvalidArgument) << needle;
     EXPECT_NE(r.message.find(needle), std::string::npos) << r.message;
   };
-  bad([](DecodeArgs& x) { x.q_heads = 6; }, "multiple of the layout's 2 kv heads");
+  bad([](DecodeArgs& x) { x.q_heads = 7; }, "multiple of the layout's 2 kv heads");
   bad([](DecodeArgs& x) { x.q_heads = 34; }, "at most 16 query heads per kv head");
   bad([](DecodeArgs& x) { x.softmax_scale = 0; }, "softmax_scale");
   bad([](DecodeArgs& x) { x.window = -1; }, "window");
