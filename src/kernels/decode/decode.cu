@@ -39,6 +39,7 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kSlab = 16;           // tokens a warp takes at a time
 constexpr int kMaxStageTokens = 256;
+constexpr int64_t kMaxSplitEntries = 4096;  // block-table entries one block reads (page ids kept in shared memory)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -62,6 +63,7 @@ struct Smem {
   uint32_t *kdata_row, *kscale_row, *vdata_row, *vscale_row;  // (stage tokens) byte offsets inside a stage
   uint8_t* slot_of;                                           // (stage tokens) page slot of a stage token
   uint32_t *kscale_col, *vscale_col;                          // (D / 16) offsets of a group in a scale row
+  int32_t* pages;                                             // (entries per split) the block's page ids, -1: bad
   __half* q;                                                  // (16, D) the query rows, prescaled
   float* row_scale;                                           // (16) logit multiplier per query row
   __half* scratch;                                            // (warps, 16, D) dequantized V
@@ -97,6 +99,7 @@ __host__ __device__ size_t carve(char* base, const DecodeGeometry& g, int64_t n,
   m.slot_of = c.take<uint8_t>(base, tokens);
   m.kscale_col = c.take<uint32_t>(base, kD / 16);
   m.vscale_col = c.take<uint32_t>(base, kD / 16);
+  m.pages = c.take<int32_t>(base, size_t(g.entries_per_split));
   m.q = c.take<__half>(base, 16 * kD);
   m.row_scale = c.take<float>(base, 16);
   m.scratch = c.take<__half>(base, size_t(kWarps) * kSlab * kD, 128);
@@ -150,7 +153,7 @@ struct DecodeBlock {
       unsigned bytes = 0;
       for (int q = 0; q < g.pages_per_stage; ++q) {
         const int64_t e = stage_entry(j) + q;
-        if (e >= span.last || note_page(e) < 0) continue;
+        if (e >= span.last || s.pages[e - span.first] < 0) continue;
         ok |= 1ull << q;
         for (int ri = 0; ri < kRegionCount; ++ri) bytes += plane_bytes(Region(ri));
       }
@@ -159,7 +162,7 @@ struct DecodeBlock {
       mbarrier_arrive_expect(&s.bars[slot], bytes);
       for (int q = 0; q < g.pages_per_stage; ++q) {
         if (!((ok >> q) & 1ull)) continue;
-        const int64_t page = page_of(p.args.batch, th.seq, stage_entry(j) + q, d.pages);
+        const int64_t page = s.pages[stage_entry(j) + q - span.first];
         for (int ri = 0; ri < kRegionCount; ++ri) {
           const Region r = Region(ri);
           const TileMap tile = p.layout.tile(r, p.args.layer, page, th.kv_head);
@@ -173,26 +176,29 @@ struct DecodeBlock {
     unsigned long long ok = 0;
     for (int q = 0; q < g.pages_per_stage; ++q) {
       const int64_t e = stage_entry(j) + q;
-      if (e >= span.last) continue;
-      const int64_t page = th.tid == 0 ? note_page(e) : page_of(p.args.batch, th.seq, e, d.pages);
-      if (page < 0) continue;
+      if (e >= span.last || s.pages[e - span.first] < 0) continue;
       ok |= 1ull << q;
-      for (int ri = 0; ri < kRegionCount; ++ri) copy_rows(Region(ri), page, dst + size_t(q) * g.slot_bytes + g.plane_offset[ri]);
+      for (int ri = 0; ri < kRegionCount; ++ri)
+        copy_rows(Region(ri), s.pages[e - span.first], dst + size_t(q) * g.slot_bytes + g.plane_offset[ri]);
     }
     if (th.tid == 0) s.page_ok[slot] = ok;
   }
 
-  // Page of entry e (thread 0): counts and flags a bad entry.
-  __device__ int64_t note_page(int64_t e) const {
+  // The block's page ids into shared memory, read in parallel once: the producer
+  // never waits on the block table. A bad entry is counted (by kv head 0's
+  // blocks, so once per sequence) and flags the block.
+  __device__ void load_pages() const {
     const CacheDims& d = p.layout.dims();
-    const int64_t page = page_of(p.args.batch, th.seq, e, d.pages);
-    if (page < 0) {
-      s.flags[0] = 1;
-      const int64_t tokens = min(n, span.length - e * n);
-      if (th.kv_head == 0 && p.args.status && tokens > 0)
-        atomicAdd(&p.args.status->bad_pages, (unsigned long long)tokens);
+    for (int64_t e = span.first + th.tid; e < span.last; e += kThreads) {
+      const int64_t page = page_of(p.args.batch, th.seq, e, d.pages);
+      s.pages[e - span.first] = int32_t(page);
+      if (page < 0) {
+        s.flags[0] = 1;
+        const int64_t tokens = min(n, span.length - e * n);
+        if (th.kv_head == 0 && p.args.status && tokens > 0)
+          atomicAdd(&p.args.status->bad_pages, (unsigned long long)tokens);
+      }
     }
-    return page;
   }
 
   __device__ int plane_bytes(Region r) const {
@@ -439,12 +445,14 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
     s.flags[0] = 0;
     for (int k = 0; k < g.stages; ++k) mbarrier_init(&s.bars[k], 1);
   }
+  __syncthreads();  // flags zeroed before load_pages may set them
   // Row mode leaves a canonical plane's padding (columns past D) untouched: zero it once.
   if (!g.dense)
     for (size_t i = th.tid * 16; i < size_t(g.stages) * g.pages_per_stage * g.slot_bytes; i += kThreads * 16)
       *reinterpret_cast<uint4*>(s.stage + i) = make_uint4(0, 0, 0, 0);
   block.build_tables();
   block.load_query(kgs);
+  block.load_pages();
   __syncthreads();
 
   // The query fragments (A operand of S^T = Q K^T), in the permuted column order
@@ -720,6 +728,9 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
     }
     return int(bytes + 128);
   };
+  // Shared memory holds the page ids of one split: size it for the largest split possible.
+  const int64_t stride = p.args.batch.block_table_stride;
+  g.entries_per_split = std::min<int64_t>(kMaxSplitEntries, (stride + g.pages_per_stage - 1) / g.pages_per_stage * g.pages_per_stage);
   while (g.stages > 2 && smem_of(g) > max_smem) --g.stages;
   g.smem_bytes = smem_of(g);
   if (g.smem_bytes > max_smem) {
@@ -737,15 +748,24 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
   const int64_t blocks = p.args.batch.batch * d.heads;
   const int64_t entries = p.args.batch.block_table_stride;
   const int64_t stage_entries = (entries + g.pages_per_stage - 1) / g.pages_per_stage;
-  int64_t best_splits = 1;
+  // Cost in stage times: each block pays about kFill stages to start its pipeline
+  // and finish (tables, query, first loads, combine), a split call one more for the merge.
+  constexpr double kFill = 4.0, kMerge = 2.0;
+  const int64_t min_splits = (entries + kMaxSplitEntries - 1) / kMaxSplitEntries;
+  int64_t best_splits = 0;
   double best = 1e300;
   for (int64_t sp = 1; sp <= std::min<int64_t>(stage_entries, 256); ++sp) {
     const int64_t per = (stage_entries + sp - 1) / sp;  // stages per block
     const int64_t used = (stage_entries + per - 1) / per;
-    if (used != sp) continue;
+    if (used != sp || sp < min_splits || per * g.pages_per_stage > kMaxSplitEntries) continue;
     const int64_t waves = (blocks * sp + slots - 1) / slots;
-    const double cost = double(waves) * double(per) + (sp > 1 ? 0.5 : 0.0);
+    const double cost = double(waves) * (double(per) + kFill) + (sp > 1 ? kMerge : 0.0);
     if (cost < best - 1e-9) best = cost, best_splits = sp;
+  }
+  if (best_splits == 0) {
+    *unsupported = "a block table of " + std::to_string(entries) + " entries needs more than 256 splits of at most " +
+                   std::to_string(kMaxSplitEntries) + " entries";
+    return cudaSuccess;
   }
   g.splits = int(best_splits);
   g.entries_per_split = ((stage_entries + best_splits - 1) / best_splits) * g.pages_per_stage;
