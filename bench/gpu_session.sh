@@ -8,7 +8,7 @@
 # nlohmann headers travel in .carry/ (bench/README.md says how to make it).
 # Options (environment): NVFP4KV_BEFORE=DIR (an older source tree to benchmark
 # beside this one), NVFP4KV_DECODE=full|quick|0, NVFP4KV_NCU=1 (Nsight Compute on
-# one decode launch), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_BENCH=0
+# one decode launch), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_BENCH=0
 # (skip the store/gather benchmark).
 set -uo pipefail
 OUT=${OUT:-/tmp/nvfp4kv-out}
@@ -92,6 +92,10 @@ if [ "${NVFP4KV_NCU:-0}" = 1 ]; then
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats \
     build/gpu/nvfp4kv bench decode --batch 16 --context 32768 > "$OUT/ncu_decode.log" 2>&1
   grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Executed Ipc A|Stall|Mem Busy|Max Bandwidth|Waves" "$OUT/ncu_decode.log" | head -30
+fi
+if [ -n "${NVFP4KV_DECODE_VARIANTS:-}" ]; then
+  step "decode variants: $NVFP4KV_DECODE_VARIANTS"
+  timeout 300 bench/decode_variants.sh $NVFP4KV_DECODE_VARIANTS 2>&1 | tee "$OUT/decode_variants.log"
 fi
 step "summary"
 printf '%s\n' "${status[@]}"

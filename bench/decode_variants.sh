@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Decode-attention variants side by side in one GPU session: for each patch
+# (applied alone on top of the working tree), build the CLI for sm_90a in its own
+# directory and time a few decode shapes (`nvfp4kv bench decode`, which checks
+# each shape against the fp64 reference before timing it). The tree itself runs
+# first as the baseline.  Usage: bench/decode_variants.sh A.patch [B.patch ...]
+set -uo pipefail
+root=$PWD
+work=${TMPDIR:-/tmp}/nvfp4kv-decode-variants
+rm -rf "$work" && mkdir -p "$work"
+shapes=(--batch 1,16,128 --context 2048,32768 --json)
+run() {  # name, build dir
+  echo "=== $1"
+  "$2/nvfp4kv" bench decode "${shapes[@]}" 2>&1 | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        r = json.loads(line)
+    except ValueError:
+        print("  " + line.rstrip()); continue
+    if "ceiling_read_tbs" in r:
+        print("  read ceiling %.2f TB/s" % r["ceiling_read_tbs"]); continue
+    print("  B %4d L %6d: %8.1f us %5.2f TB/s (%3.0f%%) splits %d" % (r["batch"], r["context"], r["ms"] * 1e3, r["tbs"], 100 * r["of_ceiling"], r["splits"]))'
+}
+run "baseline (working tree)" "$root/build/gpu"
+n=0
+for patch in "$@"; do
+  n=$((n + 1))
+  dir="$work/v$n"
+  mkdir -p "$dir"
+  (cd "$root" && tar cf - --exclude=./build --exclude=./.git --exclude=./.carry .) | (cd "$dir" && tar xf -)
+  (cd "$dir" && patch -p1 -s < "$root/$patch") || { echo "$patch: does not apply"; continue; }
+  cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNVFP4KV_REQUIRE_CUDA=ON -DNVFP4KV_BUILD_TESTS=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DNVFP4KV_EXTRA_INCLUDE="$root/.carry/include" > "$dir/configure.log" 2>&1 &&
+    cmake --build "$dir/build" -j 16 --target nvfp4kv > "$dir/build.log" 2>&1 || { grep -E "error" -A3 "$dir/build.log" | head; continue; }
+  grep -E "spill" "$dir/build.log" | grep -E "Li128ELi8|Li64ELi8" | head -2
+  run "$patch" "$dir/build"
+done
