@@ -8,7 +8,7 @@
 # nlohmann headers travel in .carry/ (bench/README.md says how to make it).
 # Options (environment): NVFP4KV_BEFORE=DIR (an older source tree to benchmark
 # beside this one), NVFP4KV_DECODE=full|quick|0, NVFP4KV_NCU=1 (Nsight Compute on
-# one decode launch), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_BENCH=0
+# one decode launch), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_SANITIZE=0, NVFP4KV_BENCH=0
 # (skip the store/gather benchmark).
 set -uo pipefail
 OUT=${OUT:-/tmp/nvfp4kv-out}
@@ -51,6 +51,7 @@ if [ "${NVFP4KV_TESTS:-1}" = 1 ]; then
   grep -q "^\[  PASSED  \]" "$OUT/gpu_tests.log" && ! grep -q "^\[  FAILED" "$OUT/gpu_tests.log" && record "store/gather tests" pass || record "store/gather tests" FAIL
   step "CPU tests of this build"
   (cd build/gpu && ctest -E "Gpu|fuzz" -j 16 2>&1 | tail -2)
+  if [ "${NVFP4KV_SANITIZE:-1}" = 1 ]; then
   step "compute-sanitizer memcheck"
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
     --gtest_filter='Gpu.SlotEdgeCases:Gpu.GatherOfARaggedBatch*:Gpu.OddShapes*:GpuDecode.OptionsMatch*:GpuDecode.BadEntries*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.HostSide*' \
@@ -61,6 +62,7 @@ if [ "${NVFP4KV_TESTS:-1}" = 1 ]; then
     --gtest_filter='Gpu.SlotEdgeCases:GpuDecode.OptionsMatch*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*' \
     > "$OUT/racecheck.log" 2>&1; rc=$?
   tail -3 "$OUT/racecheck.log"; record "racecheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
+  fi
   step "round trip on every preset, and the demo"
   for p in $(build/gpu/nvfp4kv layout presets | awk '/^  [a-z]/ && $2 == "sound" {print $1}'); do
     printf '%-36s %s\n' "$p" "$(build/gpu/nvfp4kv roundtrip --layout "$p" 2>&1 | tail -1)"
