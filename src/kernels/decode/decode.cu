@@ -2,9 +2,9 @@
 //
 // A thread block owns (split, kv head, sequence): the query heads of one GQA
 // group against one range of the sequence's block table. Pages stream into
-// shared-memory stages (whole (page, head) planes by the bulk-copy engine when
-// the layout's planes are dense and aligned, else row by row with cp.async into
-// a canonical plane), several stages ahead. Each of the 4 warps takes 16 tokens
+// shared-memory stages by per-thread 16-byte cp.async (whole (page, head) planes
+// when the layout's planes are dense and aligned, else row by row into a
+// canonical plane), several stages ahead. Each of the 4 warps takes 16 tokens
 // of a stage at a time:
 //  - S^T = Q K^T on FP16 tensor cores (m16n8k16): M = the group's query heads,
 //    N = 8 tokens, K = 16 columns of D. A lane's K operand is 4 E2M1 values of
@@ -68,7 +68,8 @@ struct Smem {
   float* row_scale;                                           // (16) logit multiplier per query row
   __half* scratch;                                            // (warps, 16, D) dequantized V
   unsigned long long* page_ok;                                // (stages) bit p: page slot p was loaded
-  uint64_t* bars;                                             // (stages)
+  const uint8_t** plane_base;                                 // (regions) byte of (page 0, token 0, column 0)
+                                                              // of this block's layer and kv head
   int* flags;                                                 // [0]: a bad page was met
 };
 
@@ -104,7 +105,7 @@ __host__ __device__ size_t carve(char* base, const DecodeGeometry& g, int64_t n,
   m.row_scale = c.take<float>(base, 16);
   m.scratch = c.take<__half>(base, size_t(kWarps) * kSlab * kD, 128);
   m.page_ok = c.take<unsigned long long>(base, g.stages, 8);
-  m.bars = c.take<uint64_t>(base, g.stages, 8);
+  m.plane_base = c.take<const uint8_t*>(base, kRegionCount, 8);
   m.flags = c.take<int>(base, 4);
   if (s) *s = m;
   return c.at;
@@ -148,28 +149,24 @@ struct DecodeBlock {
     const int slot = int(j % g.stages);
     uint8_t* const dst = s.stage + size_t(slot) * g.pages_per_stage * g.slot_bytes;
     if (g.dense) {
-      if (th.tid != 0) return;
+      // Whole planes, 16 bytes per thread and copy: a loaded page's slot is its four
+      // planes back to back, each copied as it lies in the cache.
+      constexpr int kChunk = 16;
+      const int slot_chunks = g.slot_bytes / kChunk;
       unsigned long long ok = 0;
-      unsigned bytes = 0;
       for (int q = 0; q < g.pages_per_stage; ++q) {
         const int64_t e = stage_entry(j) + q;
         if (e >= span.last || s.pages[e - span.first] < 0) continue;
         ok |= 1ull << q;
-        for (int ri = 0; ri < kRegionCount; ++ri) bytes += plane_bytes(Region(ri));
-      }
-      s.page_ok[slot] = ok;
-      fence_proxy_async();
-      mbarrier_arrive_expect(&s.bars[slot], bytes);
-      for (int q = 0; q < g.pages_per_stage; ++q) {
-        if (!((ok >> q) & 1ull)) continue;
-        const int64_t page = s.pages[stage_entry(j) + q - span.first];
-        for (int ri = 0; ri < kRegionCount; ++ri) {
-          const Region r = Region(ri);
-          const TileMap tile = p.layout.tile(r, p.args.layer, page, th.kv_head);
-          const uint8_t* src = p.cache.ptr[p.layout.region(r).buffer] + tile.base;
-          bulk_copy(dst + size_t(q) * g.slot_bytes + g.plane_offset[ri], src, unsigned(plane_bytes(r)), &s.bars[slot]);
+        const int64_t page = s.pages[e - span.first];
+        for (int w = th.tid; w < slot_chunks; w += kThreads) {
+          int ri = 0;
+          while (ri + 1 < kRegionCount && w * kChunk >= g.plane_offset[ri + 1]) ++ri;
+          const uint8_t* src = s.plane_base[ri] + page * p.layout.region(Region(ri)).page + (w * kChunk - g.plane_offset[ri]);
+          copy_async<16>(dst + size_t(q) * g.slot_bytes + w * kChunk, src);
         }
       }
+      if (th.tid == 0) s.page_ok[slot] = ok;
       return;
     }
     // Row mode.
@@ -441,9 +438,10 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   block.slabs = (block.stage_tokens + kSlab - 1) / kSlab;
   const int64_t stages = span.last > span.first ? (span.last - span.first + g.pages_per_stage - 1) / g.pages_per_stage : 0;
 
-  if (th.tid == 0) {
-    s.flags[0] = 0;
-    for (int k = 0; k < g.stages; ++k) mbarrier_init(&s.bars[k], 1);
+  if (th.tid == 0) s.flags[0] = 0;
+  if (th.tid < kRegionCount) {
+    const Region r = Region(th.tid);
+    s.plane_base[th.tid] = p.cache.ptr[p.layout.region(r).buffer] + p.layout.tile(r, a.layer, 0, th.kv_head).base;
   }
   __syncthreads();  // flags zeroed before load_pages may set them
   // Row mode leaves a canonical plane's padding (columns past D) untouched: zero it once.
@@ -480,23 +478,21 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
     state.m[h] = kNegInf, state.l[h] = 0.0f;
   }
 
-  // The pipeline: stages j .. j + stages - 1 in flight while stage j is consumed.
+  // The pipeline: stages j .. j + stages - 1 in flight while stage j is consumed;
+  // one cp.async group per stage (empty past the last), so "all but the newest
+  // stages - 1 groups done" means "stage j is in".
   for (int64_t j = 0; j < g.stages; ++j) {
     if (j < stages) block.issue(j);
-    if (!g.dense) asm volatile("cp.async.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
   for (int64_t j = 0; j < stages; ++j) {
     const int slot = int(j % g.stages);
-    if (g.dense) {
-      mbarrier_wait(&s.bars[slot], unsigned((j / g.stages) & 1));
-    } else {
-      switch (g.stages) {
-        case 2: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-        case 3: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-        default: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-      }
-      __syncthreads();
+    switch (g.stages) {
+      case 2: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+      case 3: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+      default: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
     }
+    __syncthreads();
     const uint8_t* st = s.stage + size_t(slot) * g.pages_per_stage * g.slot_bytes;
     const unsigned long long ok = s.page_ok[slot];
     const int64_t first_token = block.stage_entry(j) * n;
@@ -504,9 +500,9 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
       block.slab(aq, st, sl * kSlab, first_token, ok, state, a.softcap);
     __syncthreads();  // every warp is done with this slot
     if (j + g.stages < stages) block.issue(j + g.stages);
-    if (!g.dense) asm volatile("cp.async.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
-  if (!g.dense) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 
   // Combine the warps: (max, sum, O) of each query row, in the stage area.
   float* cm = reinterpret_cast<float*>(s.stage);         // (warps, 16)
@@ -577,7 +573,7 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
 }
 
 template <int kD, int kGroupRows, ElementType kType>
-__global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, kD == 256 ? 2 : 3) decode_kernel(const __grid_constant__ DecodeParams p) {
   extern __shared__ __align__(128) char smem[];
   const DecodeThread th{int(threadIdx.x), int(threadIdx.x) / 32, int(threadIdx.x) % 32, int64_t(blockIdx.x),
                         int64_t(blockIdx.y), int64_t(blockIdx.z)};

@@ -1,6 +1,6 @@
 #pragma once
 // The instructions decode attention is built from (sm_90): FP16 tensor-core MMA,
-// transposing shared-memory loads, bulk copies completing on an mbarrier, E4M3
+// transposing shared-memory loads, per-thread asynchronous copies, E4M3
 // conversion, and the E2M1 -> FP16 bit placement.
 #include <cuda_fp16.h>
 
@@ -29,41 +29,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(shared_address(row)));
 }
 
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
-}
-
-// One arrival that also announces `bytes` of bulk copies to complete this phase.
-__device__ __forceinline__ void mbarrier_arrive_expect(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned phase) {
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(shared_address(bar)), "r"(phase)
-        : "memory");
-  } while (!done);
-}
-
-// Shared memory the generic proxy read is about to be written by the async proxy.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared,
-// completing on bar.
-__device__ __forceinline__ void bulk_copy(void* shared, const void* global, unsigned bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          shared_address(shared)),
-      "l"(global), "r"(bytes), "r"(shared_address(bar))
-      : "memory");
-}
-
-// Per-thread asynchronous copies of 4, 8 or 16 bytes (row-by-row loader).
+// Per-thread asynchronous copies of 4, 8 or 16 bytes.
 template <int kBytes>
 __device__ __forceinline__ void copy_async(void* shared, const void* global) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(shared_address(shared)), "l"(global), "n"(kBytes)
