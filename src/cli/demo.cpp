@@ -9,7 +9,12 @@
 #include "nvfp4kv/core/global_scale.hpp"
 #include "nvfp4kv/reference/cache.hpp"
 #include "nvfp4kv/reference/quantize.hpp"
+#include "nvfp4kv/harness/accuracy.hpp"
 #include "nvfp4kv/harness/workload.hpp"
+#if defined(NVFP4KV_HAVE_CUDA)
+#include "nvfp4kv/api/kv_cache.hpp"
+#include "nvfp4kv/harness/decode_bench.hpp"
+#endif
 
 namespace nvfp4kv::cli {
 namespace {
@@ -18,6 +23,35 @@ void report_row(const std::string& name, const reference::ErrorStats& e, double 
   std::cout << "  " << std::left << std::setw(30) << name << std::right << std::setw(10) << std::fixed
             << std::setprecision(4) << e.rel_l2 << std::setw(12) << std::setprecision(4) << e.max_abs << std::setw(14)
             << std::setprecision(0) << bytes_per_token << "\n";
+}
+
+// 4: attention over NVFP4 against BF16, on the CPU reference; 5: decode attention
+// on the GPU, checked against that reference, when there is one.
+void attention_sections(bool cpu_only, uint64_t seed) {
+  std::cout << "\n4. What 4 bits cost in attention (fp64 decode attention over 2048 tokens, 32 q / 8 kv heads, 8 steps)\n"
+            << "   Output error against attention on the unquantized K/V, and against the same on a BF16 cache:\n\n";
+  std::cout << "  " << std::left << std::setw(48) << "K/V" << std::setw(28) << "format" << std::right << std::setw(12)
+            << "vs exact" << std::setw(12) << "vs BF16" << std::setw(14) << "bytes/token" << "\n";
+  for (const harness::AccuracyRow& r : harness::attention_accuracy(2048, seed)) {
+    std::cout << "  " << std::left << std::setw(48) << r.cache << std::setw(28) << r.format << std::right << std::fixed
+              << std::setprecision(4) << std::setw(12) << r.rel_l2_vs_exact << std::setw(12) << r.rel_l2_vs_bf16
+              << std::setprecision(0) << std::setw(14) << r.bytes_per_token << "\n";
+  }
+  std::cout << "\n5. Decode attention on the GPU, reading the NVFP4 cache directly\n";
+#if defined(NVFP4KV_HAVE_CUDA)
+  std::string why;
+  if (cpu_only || !cuda_device_available(&why)) {
+    std::cout << "   not run: " << (cpu_only ? std::string("--cpu-only") : why) << "\n";
+    return;
+  }
+  const harness::DecodeBenchResult r = harness::bench_decode({8, 8192, 32, 8, 128});
+  std::cout << std::setprecision(2) << "   8 sequences x 8192 tokens, 32 q / 8 kv heads, D 128: " << r.ms * 1e3
+            << " us per step, " << r.tbs << " TB/s of NVFP4 cache read\n   (checked against the fp64 reference first: "
+            << std::scientific << r.checked_rel_l2 << std::fixed << " relative L2 error)\n";
+#else
+  (void)cpu_only;
+  std::cout << "   not run: nvfp4kv was built without CUDA\n";
+#endif
 }
 
 }  // namespace
@@ -120,7 +154,9 @@ int run_demo(const std::vector<std::string>& argv) {
   opt.seed = seed;
   opt.use_gpu = !a.flag("cpu-only");
   const bool ok = print_roundtrip(harness::roundtrip(native, opt), std::cout);
-  std::cout << "\nNext: nvfp4kv layout presets | nvfp4kv layout check <your layout.json> | nvfp4kv roundtrip --layout ...\n";
+  attention_sections(a.flag("cpu-only"), seed);
+  std::cout << "\nNext: nvfp4kv layout presets | nvfp4kv layout check <your layout.json> | nvfp4kv roundtrip --layout ...\n"
+            << "      nvfp4kv bench decode --batch 8 --context 32768   (decode attention on the GPU)\n";
   return ok ? 0 : 1;
 }
 
