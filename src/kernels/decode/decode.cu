@@ -14,9 +14,10 @@
 //    ops and half a multiply, and serves every query head of the group.
 //  - online softmax in base 2 on the FP32 accumulators (the FP32 global scales
 //    and the query's power-of-two prescale fold into one multiplier per row).
-//  - O += P V: V is dequantized the same way into a per-warp scratch tile and
-//    read back transposed by ldmatrix (V's reduction runs over tokens, its bytes
-//    pair columns).
+//  - O^T += V^T P^T: V is dequantized the same way into a per-warp scratch tile
+//    and read back transposed by ldmatrix (V's reduction runs over tokens, its
+//    bytes pair columns); P^T is the S^T accumulators' own layout, and O^T's
+//    tiles (rows: D, columns: heads) waste no rows on groups of 8 or fewer.
 // The warps' partial (max, sum, O) are combined in shared memory; with one split
 // that is the output, else a partial in the workspace that the merge kernel
 // combines per (sequence, query head). The reduction order over D inside one

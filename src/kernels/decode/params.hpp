@@ -4,6 +4,8 @@
 // DecodeArgs says what it computes; src/kernels/decode/decode.cu how).
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 #include "nvfp4kv/core/ops.hpp"
 
 namespace nvfp4kv::kernels {
