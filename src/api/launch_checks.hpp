@@ -9,6 +9,7 @@
 #include "nvfp4kv/api/result.hpp"
 #include "nvfp4kv/core/layout.hpp"
 #include "nvfp4kv/core/ops.hpp"
+#include "../kernels/common/arch.hpp"
 
 namespace nvfp4kv::api {
 
@@ -18,8 +19,11 @@ inline Result invalid(const char* who, const std::string& why) {
 
 inline bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
 
-// Buffers 16-byte aligned (the validator's vector widths assume it); head dims the kernels size for.
+// Buffers 16-byte aligned (the validator's vector widths assume it); head dims the kernels size for;
+// a device whose kernel image is built for sm_90 or newer (kernels/common/arch.hpp).
 inline Result gpu_cache_checks(const ValidLayout& layout, const CacheBuffers& buffers, const char* who) {
+  if (std::string why = kernels::device_arch_problem(); !why.empty())
+    return {Status::kUnsupported, std::string(who) + ": " + why};
   const Layout& l = layout.layout();
   for (int b = 0; b < buffers.count; ++b)
     if (!aligned(buffers.ptr[b], 16))

@@ -2,6 +2,17 @@
 // Small device helpers shared by the kernel families.
 #include <cstdint>
 
+// The kernels run on sm_90 and newer. An engine that builds nvfp4kv for older
+// targets as well (CMAKE_CUDA_ARCHITECTURES "80;90a") must still build: for those
+// targets every __global__ body compiles to a trap and instantiates none of the
+// sm_86+/sm_90 device code, and the launchers refuse such a device before any
+// launch (arch.hpp), so the trap is never reached.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define NVFP4KV_KERNEL_ARCH_SUPPORTED 0
+#else
+#define NVFP4KV_KERNEL_ARCH_SUPPORTED 1
+#endif
+
 namespace nvfp4kv::kernels {
 
 // Per-thread asynchronous 16-byte copy global -> shared (sm_80+), its group

@@ -18,7 +18,7 @@
 namespace nvfp4kv::kernels {
 namespace {
 
-constexpr int kHeadsInFlight = 8;
+[[maybe_unused]] constexpr int kHeadsInFlight = 8;  // unreferenced where the kernel body is the arch guard's trap
 
 // Who a thread is: its group and side, its token lane (tokens of the page are
 // taken blockDim.z at a time), the warp it shares shuffles with, and the
@@ -153,11 +153,15 @@ __device__ __forceinline__ void gather_device(const GatherParams& p, const Gathe
 // blockIdx = (block-table entry, sequence).
 template <ElementType kOut, int kHeadDim>
 __global__ void gather_kernel(const __grid_constant__ GatherParams p) {
+#if NVFP4KV_KERNEL_ARCH_SUPPORTED
   const unsigned linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   const unsigned in_warp = min(32u, blockDim.x * blockDim.y * blockDim.z - (linear & ~31u));
   const GatherThread th{int(threadIdx.x), int(blockDim.x), Side(threadIdx.y), int(threadIdx.z), int(blockDim.z),
                         in_warp == 32 ? 0xFFFFFFFFu : (1u << in_warp) - 1u, int64_t(blockIdx.y), int64_t(blockIdx.x)};
   gather_device<kOut, kHeadDim>(p, th);
+#else
+  __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
+#endif
 }
 
 }  // namespace

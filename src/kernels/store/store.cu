@@ -152,11 +152,15 @@ __device__ __forceinline__ void store_device(const StoreParams& p, StoreShared& 
 template <ElementType kType, ScaleRule kRule, int kHeadDim>
 __global__ void __launch_bounds__(kMaxThreads, kRule == ScaleRule::kStandard ? kStandardMinBlocks : 4)
     store_kernel(const __grid_constant__ StoreParams p) {
+#if NVFP4KV_KERNEL_ARCH_SUPPORTED
   __shared__ StoreShared smem;
   const StoreThread th{int(threadIdx.x), Side(threadIdx.y),
                        int(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)),
                        int64_t(blockIdx.x) * blockDim.z + threadIdx.z, int64_t(blockIdx.y), int64_t(gridDim.y)};
   store_device<kType, kRule, kHeadDim>(p, smem, th);
+#else
+  __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
+#endif
 }
 
 }  // namespace
