@@ -1,0 +1,286 @@
+"""nvfp4kv: NVFP4 KV caches whose layout is a value.
+
+A layout maps every (layer, page, token, side, head, column) of a paged cache to
+(buffer, byte). ``check`` proves one sound (in bounds, no byte owned twice)
+before anything may use it; a ``Cache`` exists only for a proven layout, and
+its store, gather and decode kernels ask that one layout for every byte.
+
+    import nvfp4kv
+    plan = nvfp4kv.plan(layers=32, kv_heads=8, head_dim=128, memory_bytes=8 << 30)
+    cache = nvfp4kv.Cache(plan, device="cuda")
+    cache.store(k, v, slot_mapping, layer)          # (tokens, heads, D) bf16 rows
+
+Tensors cross through DLPack (PyTorch, CuPy, JAX, NumPy) without a copy.
+``has_cuda`` says whether this build has the CUDA kernels; without them
+layouts, planning and the CPU reference (host caches) all work.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from . import _core, _streams, reference
+from ._core import (
+    ArgumentError,
+    BufferInfo,
+    CheckReport,
+    CompareReport,
+    CudaError,
+    Dims,
+    Error,
+    Layout,
+    LayoutError,
+    LayoutSpec,
+    Misplacement,
+    Plan,
+    UnsupportedError,
+    ValidLayout,
+)
+
+__version__ = "0.1.0"
+has_cuda: bool = _core.has_cuda
+"""Whether this build has the CUDA kernels (nvcc was found when it was built)."""
+build_info: str = _core.build_info
+"""What this build contains, e.g. "nvfp4kv 0.1.0: CUDA kernels for sm_90a, ...". """
+
+__all__ = [
+    "ArgumentError", "BufferInfo", "Cache", "CheckReport", "CompareReport", "CudaError", "Dims", "Error",
+    "Layout", "LayoutError", "LayoutRejected", "LayoutSpec", "Misplacement", "Plan", "UnsupportedError",
+    "ValidLayout", "build_info", "check", "check_report", "compare", "cuda_available", "from_json",
+    "has_cuda", "load", "load_spec", "plan", "presets", "reference", "show",
+]
+
+
+class LayoutRejected(LayoutError):
+    """check() refused a layout. ``report`` is the CheckReport: ``problems`` (the
+    first is the verdict), ``collision`` (two elements and the byte they share)."""
+
+    def __init__(self, layout_name: str, report: CheckReport):
+        super().__init__("layout \"%s\" %s" % (layout_name, report.summary()))
+        self.report = report
+
+
+def cuda_available() -> Tuple[bool, str]:
+    """(True, "") when a GPU that runs the kernels is here, else (False, why)."""
+    ok, why = _core.cuda_device_available()
+    return bool(ok), str(why)
+
+
+# ---- layouts -------------------------------------------------------------------
+def presets() -> List[Tuple[str, str]]:
+    """(name, summary) of every built-in layout (layouts/*.json)."""
+    return _core.list_presets()
+
+
+def load_spec(name_or_path: str) -> LayoutSpec:
+    """A preset by name, or a JSON layout description by path; sizes may stay open."""
+    return _core.load_spec(str(name_or_path))
+
+
+def load(name_or_path: str, *, layers: Optional[int] = None, pages: Optional[int] = None,
+         tokens_per_page: Optional[int] = None, heads: Optional[int] = None,
+         head_dim: Optional[int] = None) -> Layout:
+    """A concrete Layout from a preset name or a JSON file, binding the sizes the
+    description leaves open (given ones override its defaults). Not yet checked."""
+    return load_spec(name_or_path).instantiate(layers=layers, pages=pages, tokens_per_page=tokens_per_page,
+                                               heads=heads, head_dim=head_dim)
+
+
+def from_json(text: str, *, layers: Optional[int] = None, pages: Optional[int] = None,
+              tokens_per_page: Optional[int] = None, heads: Optional[int] = None,
+              head_dim: Optional[int] = None) -> Layout:
+    """A concrete Layout from JSON text (docs/layouts.md), as ``load``."""
+    return _core.parse_layout_spec(text).instantiate(layers=layers, pages=pages, tokens_per_page=tokens_per_page,
+                                                     heads=heads, head_dim=head_dim)
+
+
+def check_report(layout: Layout) -> CheckReport:
+    """The proof's report without raising (``report.ok`` says the verdict)."""
+    report, _ = _core.check(_as_layout(layout))
+    return report
+
+
+def check(layout: Union[Layout, ValidLayout, Plan]) -> ValidLayout:
+    """Prove a layout sound, exactly over the whole allocation, or raise
+    LayoutRejected carrying the diagnostics (``.report``)."""
+    if isinstance(layout, ValidLayout):
+        return layout
+    if isinstance(layout, Plan):
+        return layout.layout
+    report, valid = _core.check(layout)
+    if valid is None:
+        raise LayoutRejected(layout.name, report)
+    return valid
+
+
+def compare(writer: Union[Layout, ValidLayout], reader: Union[Layout, ValidLayout],
+            max_examples: int = 5) -> CompareReport:
+    """Writer against reader: the elements the two place at different
+    (buffer, byte), counted exactly over all layers and pages. Run it before
+    letting one engine's reader attend over another's writes."""
+    return _core.compare(_as_layout(writer), _as_layout(reader), max_examples)
+
+
+def plan(*, layers: int, kv_heads: int, head_dim: int, tokens_per_page: int = 16,
+         memory_bytes: Optional[int] = None, pages: Optional[int] = None, tp_size: int = 1, tp_rank: int = 0,
+         cross_layer: bool = False, interleave_v_scales: bool = False) -> Plan:
+    """nvfp4kv's native layout for this rank: from a memory budget (all layers)
+    or a page count to a proven layout, bytes per page and token capacity."""
+    return _core.plan(layers, kv_heads, head_dim, tokens_per_page, memory_bytes, pages, tp_size, tp_rank,
+                      cross_layer, interleave_v_scales)
+
+
+def show(layout: Union[Layout, ValidLayout, Plan], layer: int = 0, page: int = 0) -> str:
+    """What ``nvfp4kv layout show`` prints: the layout, its verdict and a byte map of one page."""
+    concrete = _as_layout(layout)
+    report = check_report(concrete)
+    d = concrete.dims
+    lines = ["%s: %s" % (concrete.name, concrete.summary),
+             "dims: layers %d, pages %d, tokens per page %d, heads %d, head dim %d"
+             % (d.layers, d.pages, d.tokens_per_page, d.heads, d.head_dim),
+             "buffers: " + ", ".join("%s %d bytes%s" % (b.name, b.bytes, " per layer" if b.per_layer else "")
+                                     for b in concrete.buffers),
+             "check: " + report.summary(), ""]
+    return "\n".join(lines) + concrete.byte_map(layer, page)
+
+
+def _as_layout(layout: Union[Layout, ValidLayout, Plan]) -> Layout:
+    if isinstance(layout, Plan):
+        return layout.layout.layout
+    if isinstance(layout, ValidLayout):
+        return layout.layout
+    return layout
+
+
+# ---- the cache -------------------------------------------------------------------
+def _device_of(array: Any) -> Tuple[bool, int]:
+    kind, index = array.__dlpack_device__() if hasattr(array, "__dlpack_device__") else (1, 0)
+    return int(kind) in (2, 13), int(index)
+
+
+def _parse_device(device: Any) -> Tuple[bool, int]:
+    if isinstance(device, int):
+        return True, device
+    text = str(device)
+    if text == "cpu":
+        return False, 0
+    if text == "cuda":
+        return True, -1
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return True, int(text[5:])
+    raise ValueError("device: expected 'cpu', 'cuda', 'cuda:N' or an ordinal, got %r" % (device,))
+
+
+class Cache:
+    """The buffers of one proven layout, its per-layer global scales and status
+    counters, and the operations on them.
+
+    ``Cache(layout, device="cuda")`` allocates (zeroed); ``buffers=[...]`` adopts
+    caller-owned memory instead: one array per layout buffer, or for a per-layer
+    buffer a list of one array per layer (contiguous, >= the buffer's bytes,
+    16-byte aligned on the GPU). ``layout`` may be a Layout (checked here: an
+    unsound one raises LayoutRejected and no Cache exists), a ValidLayout or a
+    Plan. ``device="cpu"`` keeps the cache in host memory and runs the CPU
+    reference (NumPy arrays). ``global_scales`` may adopt a (layers, 2) float32
+    array of K and V dequant multipliers; otherwise the cache owns one (all 1.0,
+    see set_global_scales).
+
+    GPU operations run on ``stream`` (an int, torch/CuPy stream, or
+    __cuda_stream__), else on the current stream of the framework whose tensors
+    were passed (PyTorch's for torch tensors), else the legacy default stream.
+    They never synchronise or allocate, so they can be captured in a CUDA graph.
+    Data-dependent problems (bad slots, pages, scales) are counted in ``status()``.
+    """
+
+    def __init__(self, layout: Union[Layout, ValidLayout, Plan], device: Any = None, *,
+                 buffers: Optional[Sequence[Any]] = None, global_scales: Any = None):
+        valid = check(layout)
+        if device is None:
+            device = "cuda" if buffers is None else None
+        if device is None:
+            first = buffers[0]
+            first = first[0] if isinstance(first, (list, tuple)) else first
+            cuda, index = _device_of(first)
+        else:
+            cuda, index = _parse_device(device)
+        if cuda and not has_cuda:
+            raise UnsupportedError("device %r: this nvfp4kv was built without CUDA (%s)" % (device, build_info))
+        self._c = _core.Cache(valid, cuda, index, None if buffers is None else list(buffers), global_scales)
+
+    @property
+    def layout(self) -> ValidLayout:
+        return self._c.layout
+
+    @property
+    def dims(self) -> Dims:
+        return self._c.layout.dims
+
+    @property
+    def device(self) -> str:
+        """'cuda:N' or 'cpu'."""
+        return self._c.device
+
+    def store(self, k: Any, v: Any, slots: Any, layer: int, *, rule: str = "standard", stream: Any = None,
+              k_scale: Any = None, v_scale: Any = None) -> None:
+        """Quantize K and V rows into the cache: one launch.
+
+        k, v:   (tokens, heads, D) bf16 or fp16 (fp32 too on a CPU cache); D and
+                heads packed, any token stride (the same for both; a multiple of
+                8 elements and 16-byte aligned rows on the GPU).
+        slots:  (tokens,) int32 or int64: page * tokens_per_page + token; < 0 is
+                padding (skipped), >= capacity is skipped and counted.
+        layer:  0 <= layer < layers.
+        rule:   "standard" or "4over6".
+        k_scale, v_scale: optional one-element float32 arrays on the cache's
+                device overriding this layer's global scales.
+        """
+        self._c.store(k, v, slots, layer, rule, self._stream(stream, k, v, slots), k_scale, v_scale)
+
+    def gather(self, block_table: Any, cu_seqlens: Any, layer: int, k_out: Any, v_out: Any, *,
+               stream: Any = None) -> None:
+        """Dequantize the pages of a batch to dense rows: sequence i fills rows
+        [cu_seqlens[i], cu_seqlens[i+1]) of the outputs.
+
+        block_table: (batch, max_pages) int32 page ids, rows packed.
+        cu_seqlens:  (batch + 1,) int32 offsets.
+        k_out, v_out: (rows, heads, D) bf16 or fp16 (fp32 too on a CPU cache),
+                contiguous; rows >= cu_seqlens[-1] (on the GPU the caller's
+                promise: the offsets live in device memory). Entries outside
+                [0, pages) give NaN rows and are counted in status()["bad_pages"].
+        """
+        self._c.gather(block_table, cu_seqlens, layer, k_out, v_out, self._stream(stream, k_out, block_table))
+
+    def status(self) -> Dict[str, int]:
+        """The counters every call adds to (synchronises with the device):
+        stored, padding, out_of_range, non_finite, bad_pages, bad_global_scale, bad_lengths."""
+        return self._c.status()
+
+    def reset_status(self, stream: Any = None) -> None:
+        """Zero the counters (asynchronously on the GPU; capturable)."""
+        self._c.reset_status(self._stream(stream))
+
+    def set_global_scales(self, k: Union[float, Sequence[float]], v: Union[float, Sequence[float]]) -> None:
+        """Set the K and V dequant multipliers of every layer (one float for all,
+        or one per layer); e.g. reference.recommend_global_scale(amax). Setup
+        time: copies synchronously."""
+        layers = self.dims.layers
+        ks = [float(k)] * layers if isinstance(k, (int, float)) else [float(x) for x in k]
+        vs = [float(v)] * layers if isinstance(v, (int, float)) else [float(x) for x in v]
+        self._c.set_global_scales(ks, vs)
+
+    @property
+    def global_scales(self) -> Any:
+        """(layers, 2) float32 on the cache's device: [layer, 0] is K's dequant
+        multiplier, [layer, 1] V's. A DLPack array (NumPy on the CPU); writes
+        through it (torch.from_dlpack(...).copy_(...)) are seen by the next call."""
+        return self._c.global_scales()
+
+    def buffer(self, index: int = 0, layer: int = 0) -> Any:
+        """One allocation as a flat uint8 DLPack array (NumPy on the CPU): buffer
+        ``index`` of the layout, ``layer``'s one when it is per layer."""
+        return self._c.buffer(index, layer)
+
+    def _stream(self, stream: Any, *arrays: Any) -> int:
+        return _streams.resolve(stream, *arrays) if self.device != "cpu" else 0
+
+    def __repr__(self) -> str:
+        return "<nvfp4kv.Cache '%s' on %s>" % (self.layout.name, self.device)

@@ -1,0 +1,208 @@
+// The layout contract from Python: load, instantiate, check, compare, plan, show.
+// Thin: every rule and every message is core's.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.hpp"
+#include "nvfp4kv/core/layout.hpp"
+#include "nvfp4kv/core/plan.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace nvfp4kv::python {
+namespace {
+
+Region region_arg(const std::string& name) {
+  if (auto r = region_from_name(name)) return *r;
+  throw ArgumentError("region: expected k_data, k_scale, v_data or v_scale, got \"" + name + "\"");
+}
+
+nb::dict access_dict(const std::array<RegionAccess, kRegionCount>& access) {
+  nb::dict d;
+  for (Region r : kAllRegions) {
+    const RegionAccess& a = access[size_t(r)];
+    nb::dict one;
+    one["vector_bytes"] = a.vector_bytes;
+    one["dense_plane"] = a.dense_plane;
+    one["plane_align"] = a.plane_align;
+    d[region_name(r)] = one;
+  }
+  return d;
+}
+
+nb::dict per_region(const std::array<int64_t, kRegionCount>& counts) {
+  nb::dict d;
+  for (Region r : kAllRegions) d[region_name(r)] = counts[size_t(r)];
+  return d;
+}
+
+DimsOverride dims_of(std::optional<int64_t> layers, std::optional<int64_t> pages, std::optional<int64_t> tokens_per_page,
+                     std::optional<int64_t> heads, std::optional<int64_t> head_dim) {
+  return DimsOverride{layers, pages, tokens_per_page, heads, head_dim};
+}
+
+}  // namespace
+
+void bind_layouts(nb::module_& m) {
+  nb::class_<CacheDims>(m, "Dims", "The sizes of a cache: layers, pages, tokens per page (N), kv heads (H), head dim (D).")
+      .def_ro("layers", &CacheDims::layers)
+      .def_ro("pages", &CacheDims::pages)
+      .def_ro("tokens_per_page", &CacheDims::tokens_per_page)
+      .def_ro("heads", &CacheDims::heads)
+      .def_ro("head_dim", &CacheDims::head_dim)
+      .def("__repr__", [](const CacheDims& d) {
+        return "Dims(layers=" + std::to_string(d.layers) + ", pages=" + std::to_string(d.pages) +
+               ", tokens_per_page=" + std::to_string(d.tokens_per_page) + ", heads=" + std::to_string(d.heads) +
+               ", head_dim=" + std::to_string(d.head_dim) + ")";
+      });
+
+  nb::class_<Buffer>(m, "BufferInfo", "One allocation of a layout: its name, bytes, and whether there is one per layer.")
+      .def_ro("name", &Buffer::name)
+      .def_ro("bytes", &Buffer::bytes)
+      .def_ro("per_layer", &Buffer::per_layer)
+      .def("__repr__", [](const Buffer& b) {
+        return "BufferInfo(name='" + b.name + "', bytes=" + std::to_string(b.bytes) +
+               ", per_layer=" + (b.per_layer ? "True" : "False") + ")";
+      });
+
+  nb::class_<Layout>(m, "Layout",
+                     "A concrete layout: every size bound, every stride a number; not yet proven sound (see check).")
+      .def_ro("name", &Layout::name)
+      .def_ro("summary", &Layout::summary)
+      .def_ro("dims", &Layout::dims)
+      .def_ro("buffers", &Layout::buffers)
+      .def_prop_ro("total_bytes", &Layout::total_bytes, "Bytes of all allocations over all layers.")
+      .def(
+          "address",
+          [](const Layout& l, const std::string& region, int64_t layer, int64_t page, int64_t token, int64_t head,
+             int64_t column) {
+            const Region r = region_arg(region);
+            const Coord c{layer, page, token, head, column};
+            return std::make_pair(l.buffers.at(size_t(l.region(r).buffer)).name, l.offset(r, c));
+          },
+          "region"_a, "layer"_a, "page"_a, "token"_a, "head"_a, "column"_a,
+          "(buffer name, byte) of one element: column is byte j of a data row or group g of a scale row.")
+      .def("to_json", [](const Layout& l) { return to_json(l); }, "The concrete layout as JSON, every number evaluated.")
+      .def(
+          "byte_map", [](const Layout& l, int64_t layer, int64_t page, int max_lines) { return byte_map(l, layer, page, max_lines); },
+          "layer"_a = 0, "page"_a = 0, "max_lines"_a = 40,
+          "A picture of one page per buffer: K k V v per region's data and scales, ! for a byte owned twice.")
+      .def("__repr__", [](const Layout& l) { return "<Layout '" + l.name + "'>"; });
+
+  nb::class_<LayoutSpec>(m, "LayoutSpec", "A parsed layout description whose sizes may still be open.")
+      .def_ro("name", &LayoutSpec::name)
+      .def_ro("summary", &LayoutSpec::summary)
+      .def(
+          "instantiate",
+          [](const LayoutSpec& s, std::optional<int64_t> layers, std::optional<int64_t> pages,
+             std::optional<int64_t> tokens_per_page, std::optional<int64_t> heads, std::optional<int64_t> head_dim) {
+            return instantiate(s, dims_of(layers, pages, tokens_per_page, heads, head_dim));
+          },
+          "layers"_a = nb::none(), "pages"_a = nb::none(), "tokens_per_page"_a = nb::none(), "heads"_a = nb::none(),
+          "head_dim"_a = nb::none(), "Binds the open sizes (given ones override the description's defaults).")
+      .def("__repr__", [](const LayoutSpec& s) { return "<LayoutSpec '" + s.name + "'>"; });
+
+  m.def("parse_layout_spec", &parse_layout_spec, "text"_a, "A layout description from JSON text.");
+  m.def("load_spec", &load_spec, "name_or_path"_a, "A preset by name, or a JSON file by path.");
+  m.def(
+      "list_presets",
+      [] {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const PresetInfo& p : list_presets()) out.emplace_back(p.name, p.summary);
+        return out;
+      },
+      "(name, summary) of every built-in layout.");
+
+  nb::class_<CheckReport>(m, "CheckReport", "What check() proved, or why it rejected a layout.")
+      .def_ro("ok", &CheckReport::ok)
+      .def_ro("problems", &CheckReport::problems, "Human-readable; the first is the verdict.")
+      .def_prop_ro(
+          "collision",
+          [](const CheckReport& r) -> std::optional<std::string> {
+            return r.collision ? std::optional<std::string>(r.collision->message()) : std::nullopt;
+          },
+          "The first two elements found sharing a byte, as a sentence, or None.")
+      .def_ro("colliding_pairs", &CheckReport::colliding_pairs, "Region pairs that collide within one page, e.g. 'k_data/v_data'.")
+      .def_prop_ro("access", [](const CheckReport& r) { return access_dict(r.access); },
+                   "Per region: widest vector access, dense planes, plane alignment.")
+      .def_ro("elements", &CheckReport::elements)
+      .def_ro("elements_enumerated", &CheckReport::elements_enumerated)
+      .def_ro("seconds", &CheckReport::seconds)
+      .def("summary", &CheckReport::summary)
+      .def("__repr__", [](const CheckReport& r) { return "<CheckReport " + r.summary() + ">"; });
+
+  nb::class_<ValidLayout>(m, "ValidLayout", "A layout that passed check(): the only kind a Cache or a kernel accepts.")
+      .def_prop_ro("layout", &ValidLayout::layout)
+      .def_prop_ro("report", &ValidLayout::report)
+      .def_prop_ro("name", [](const ValidLayout& v) { return v.layout().name; })
+      .def_prop_ro("dims", [](const ValidLayout& v) { return v.layout().dims; })
+      .def("__repr__", [](const ValidLayout& v) { return "<ValidLayout '" + v.layout().name + "'>"; });
+
+  m.def(
+      "check",
+      [](const Layout& l) {
+        CheckResult res = check(l);
+        return std::make_pair(std::move(res.report), std::move(res.valid));
+      },
+      "layout"_a, "(report, ValidLayout or None): the exact proof over the whole allocation.");
+
+  nb::class_<Misplacement>(m, "Misplacement", "One element a writer and a reader place at different bytes.")
+      .def_prop_ro("region", [](const Misplacement& x) { return std::string(region_name(x.region)); })
+      .def_prop_ro("coord",
+                   [](const Misplacement& x) {
+                     return nb::make_tuple(x.coord.layer, x.coord.page, x.coord.token, x.coord.head, x.coord.column);
+                   },
+                   "(layer, page, token, head, column)")
+      .def_ro("writer_buffer", &Misplacement::writer_buffer)
+      .def_ro("writer_byte", &Misplacement::writer_byte)
+      .def_ro("reader_buffer", &Misplacement::reader_buffer)
+      .def_ro("reader_byte", &Misplacement::reader_byte);
+
+  nb::class_<CompareReport>(m, "CompareReport", "Writer against reader, exactly over all layers and pages.")
+      .def_ro("agree", &CompareReport::agree)
+      .def_ro("elements", &CompareReport::elements)
+      .def_ro("misplaced", &CompareReport::misplaced)
+      .def_prop_ro("misplaced_per_region", [](const CompareReport& r) { return per_region(r.misplaced_per_region); })
+      .def_ro("examples", &CompareReport::examples)
+      .def("summary", &CompareReport::summary, "writer_name"_a, "reader_name"_a);
+
+  m.def("compare", &compare, "writer"_a, "reader"_a, "max_examples"_a = 5);
+
+  nb::class_<Plan>(m, "Plan", "nvfp4kv's native layout for a model and a memory budget, with its capacity.")
+      .def_ro("layout", &Plan::layout)
+      .def_ro("heads_per_rank", &Plan::heads_per_rank)
+      .def_ro("rank_heads", &Plan::rank_heads)
+      .def_ro("bytes_per_page_per_layer", &Plan::bytes_per_page_per_layer)
+      .def_ro("bytes_per_page", &Plan::bytes_per_page)
+      .def_ro("token_capacity", &Plan::token_capacity)
+      .def_ro("total_bytes", &Plan::total_bytes)
+      .def("summary", &Plan::summary);
+
+  m.def(
+      "plan",
+      [](int64_t layers, int64_t kv_heads, int64_t head_dim, int64_t tokens_per_page, std::optional<int64_t> memory_bytes,
+         std::optional<int64_t> pages, int64_t tp_size, int64_t tp_rank, bool cross_layer, bool interleave_v_scales) {
+        PlanRequest r;
+        r.layers = layers;
+        r.kv_heads = kv_heads;
+        r.head_dim = head_dim;
+        r.tokens_per_page = tokens_per_page;
+        r.memory_bytes = memory_bytes;
+        r.pages = pages;
+        r.tp_size = tp_size;
+        r.tp_rank = tp_rank;
+        r.cross_layer = cross_layer;
+        r.interleave_v_scales = interleave_v_scales;
+        return plan(r);
+      },
+      "layers"_a, "kv_heads"_a, "head_dim"_a, "tokens_per_page"_a = 16, "memory_bytes"_a = nb::none(),
+      "pages"_a = nb::none(), "tp_size"_a = 1, "tp_rank"_a = 0, "cross_layer"_a = false,
+      "interleave_v_scales"_a = false);
+}
+
+}  // namespace nvfp4kv::python

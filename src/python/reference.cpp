@@ -1,0 +1,93 @@
+// The CPU reference for NumPy (and any CPU DLPack array): quantize dense
+// (tokens, heads, D) tensors to E2M1 bytes and E4M3 scales, and back.
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstring>
+#include <string>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+#include "nvfp4kv/core/global_scale.hpp"
+#include "nvfp4kv/reference/quantize.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace nvfp4kv::python {
+namespace {
+
+using Bytes = nb::ndarray<nb::numpy, uint8_t>;
+using Floats = nb::ndarray<nb::numpy, float>;
+
+ScaleRule rule_arg(const std::string& rule) {
+  if (rule == "standard") return ScaleRule::kStandard;
+  if (rule == "4over6") return ScaleRule::kFourOverSix;
+  throw ArgumentError("rule: expected \"standard\" or \"4over6\", got \"" + rule + "\"");
+}
+
+// A NumPy array that owns a copy of `bytes`.
+template <class T, class Out>
+Out numpy_copy(const std::vector<T>& values, std::initializer_list<size_t> shape) {
+  auto* owned = new std::vector<T>(values);
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return Out(owned->data(), shape, owner);
+}
+
+const Place kHost{};
+
+}  // namespace
+
+void bind_reference(nb::module_& m) {
+  m.def(
+      "quantize",
+      [](const Array& array, float global_scale, const std::string& rule) {
+        const ArrayFacts x(array);
+        require_place(x, "x", kHost);
+        require_dtype(x, "x", {DType::kFloat32, DType::kFloat16, DType::kBFloat16});
+        require_ndim(x, "x", {-1, -1, -1});
+        require_contiguous(x, "x");
+        const reference::DenseShape shape{x.shape[0], x.shape[1], x.shape[2]};
+        reference::QuantizedTensor q;
+        {
+          nb::gil_scoped_release unlocked;
+          q = reference::quantize(x.data, element_type(dtype_of(x.dtype)), shape, global_scale, rule_arg(rule));
+        }
+        const size_t t = size_t(x.shape[0]), h = size_t(x.shape[1]), d = size_t(x.shape[2]);
+        return nb::make_tuple(numpy_copy<uint8_t, Bytes>(q.data, {t, h, d / 2}),
+                              numpy_copy<uint8_t, Bytes>(q.scales, {t, h, d / 16}), q.non_finite);
+      },
+      "x"_a, "global_scale"_a, "rule"_a = "standard");
+
+  m.def(
+      "dequantize",
+      [](const Array& data_array, const Array& scales_array, float global_scale) {
+        const ArrayFacts data(data_array), scales(scales_array);
+        require_place(data, "data", kHost);
+        require_place(scales, "scales", kHost);
+        require_dtype(data, "data", {DType::kUInt8});
+        require_dtype(scales, "scales", {DType::kUInt8, DType::kE4M3});
+        require_ndim(data, "data", {-1, -1, -1});
+        const int64_t t = data.shape[0], h = data.shape[1], d = 2 * data.shape[2];
+        require_ndim(scales, "scales", {t, h, d / 16});
+        if (d % 16 != 0) fail("data", "its last dim (D/2 bytes) must be a multiple of 8, got " + std::to_string(d / 2));
+        require_contiguous(data, "data");
+        require_contiguous(scales, "scales");
+        require_valid_global_scale(global_scale, "global_scale");
+        reference::QuantizedTensor q;
+        q.shape = {t, h, d};
+        q.data.assign(bytes_of(data_array), bytes_of(data_array) + data.nbytes);
+        q.scales.assign(bytes_of(scales_array), bytes_of(scales_array) + scales.nbytes);
+        std::vector<float> out;
+        {
+          nb::gil_scoped_release unlocked;
+          out = reference::dequantize(q, global_scale);
+        }
+        return numpy_copy<float, Floats>(out, {size_t(t), size_t(h), size_t(d)});
+      },
+      "data"_a, "scales"_a, "global_scale"_a);
+
+  m.def("recommend_global_scale", &recommend_global_scale, "amax"_a);
+}
+
+}  // namespace nvfp4kv::python
