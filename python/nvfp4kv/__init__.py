@@ -3,12 +3,13 @@
 A layout maps every (layer, page, token, side, head, column) of a paged cache to
 (buffer, byte). ``check`` proves one sound (in bounds, no byte owned twice)
 before anything may use it; a ``Cache`` exists only for a proven layout, and
-its store, gather and decode kernels ask that one layout for every byte.
+its store, gather and decode-attention kernels ask that one layout for every byte.
 
     import nvfp4kv
     plan = nvfp4kv.plan(layers=32, kv_heads=8, head_dim=128, memory_bytes=8 << 30)
     cache = nvfp4kv.Cache(plan, device="cuda")
     cache.store(k, v, slot_mapping, layer)          # (tokens, heads, D) bf16 rows
+    cache.decode(q, block_table, seq_lens, layer, out)
 
 Tensors cross through DLPack (PyTorch, CuPy, JAX, NumPy) without a copy.
 ``has_cuda`` says whether this build has the CUDA kernels; without them
@@ -16,6 +17,7 @@ layouts, planning and the CPU reference (host caches) all work.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _core, _streams, reference
@@ -248,6 +250,37 @@ class Cache:
                 [0, pages) give NaN rows and are counted in status()["bad_pages"].
         """
         self._c.gather(block_table, cu_seqlens, layer, k_out, v_out, self._stream(stream, k_out, block_table))
+
+    def decode(self, q: Any, block_table: Any, seq_lens: Any, layer: int, out: Any, *,
+               cu_seqlens: Any = None, softmax_scale: Optional[float] = None, window: int = 0,
+               softcap: float = 0.0, sinks: Any = None, lse: Any = None, workspace: Any = None,
+               stream: Any = None) -> None:
+        """Paged decode attention, one query token per sequence, over this layer's pages:
+        out[b, h] = sum_t softmax_t(softcap(softmax_scale * q[b, h] . K[t, h / G])) V[t, h / G]
+        with G = q_heads / kv heads (1 to 16), K and V the dequantized cache.
+
+        q:           (batch, q_heads, D) bf16 or fp16 (fp32 too on a CPU cache), heads packed,
+                     any row stride (a multiple of 8 elements on the GPU).
+        block_table: (batch, max_pages) int32 page ids, rows packed.
+        seq_lens:    (batch,) int32 lengths, or None and cu_seqlens (batch + 1,) int32 offsets.
+        out:         (batch, q_heads, D) of q's dtype, contiguous.
+        softmax_scale: default 1 / sqrt(D). window > 0: the last `window` tokens only;
+        softcap > 0: logits become softcap * tanh(logit / softcap); sinks: (q_heads,)
+        float32 logits that join the denominator only; lse: (batch, q_heads) float32
+        output, the natural log of the denominator.
+        workspace:   uint8 device array of >= decode_workspace_bytes(...) bytes, 256-byte
+                     aligned; by default the cache keeps one, grown on first use of a
+                     larger shape (so run a shape once before capturing it in a CUDA graph).
+        Bad pages, lengths or scales give NaN outputs and are counted in status().
+        """
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(self.dims.head_dim)
+        self._c.decode(q, block_table, seq_lens, cu_seqlens, layer, out, float(softmax_scale), int(window),
+                       float(softcap), sinks, lse, workspace, self._stream(stream, q, out, block_table))
+
+    def decode_workspace_bytes(self, batch: int, q_heads: int, block_table_stride: int) -> int:
+        """Workspace bytes a GPU decode of this shape needs (0: sequences are not split)."""
+        return self._c.decode_workspace_bytes(batch, q_heads, block_table_stride)
 
     def status(self) -> Dict[str, int]:
         """The counters every call adds to (synchronises with the device):

@@ -10,7 +10,9 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <map>
 #include <memory>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -18,10 +20,12 @@
 #include "bindings.hpp"
 #include "nvfp4kv/core/layout.hpp"
 #include "nvfp4kv/core/ops.hpp"
+#include "nvfp4kv/reference/attention.hpp"
 #include "nvfp4kv/reference/cache.hpp"
 #if NVFP4KV_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "nvfp4kv/api/decode.hpp"
 #include "nvfp4kv/api/kv_cache.hpp"
 #endif
 
@@ -260,6 +264,120 @@ class Cache {
     }, layer, stream);
   }
 
+  // Paged decode attention for one query token per sequence (core/ops.hpp
+  // DecodeArgs). Sequence lengths as seq_lens (batch) or cu_seqlens (batch + 1).
+  void decode(const Array& q_array, const Array& block_table_array, std::optional<Array> seq_lens_array,
+              std::optional<Array> cu_seqlens_array, int64_t layer, const OutArray& out_array, float softmax_scale,
+              int64_t window, float softcap, std::optional<Array> sinks_array, std::optional<OutArray> lse_array,
+              std::optional<OutArray> workspace_array, uintptr_t stream) {
+    const CacheDims& d = layout_.layout().dims;
+    require_layer(layer);
+    const ArrayFacts q(q_array), out(out_array);
+    require_place(q, "q", place_);
+    require_dtype(q, "q", row_types());
+    require_ndim(q, "q", {-1, -1, d.head_dim});
+    const int64_t batch = q.shape[0], q_heads = q.shape[1];
+    const int64_t q_stride = require_rows(q, "q", q_heads, d.head_dim);
+    const int64_t table_batch = require_block_table(ArrayFacts(block_table_array));
+    if (table_batch != batch)
+      fail("block_table", "expected " + std::to_string(batch) + " rows (one per query), got " + std::to_string(table_batch));
+    if (bool(seq_lens_array) == bool(cu_seqlens_array))
+      fail("seq_lens", "give the sequence lengths as seq_lens (batch,) or as cu_seqlens (batch + 1,), exactly one");
+    const ArrayFacts lens(seq_lens_array ? *seq_lens_array : *cu_seqlens_array);
+    const std::string lens_name = seq_lens_array ? "seq_lens" : "cu_seqlens";
+    require_place(lens, lens_name, place_);
+    require_dtype(lens, lens_name, {DType::kInt32});
+    require_ndim(lens, lens_name, {seq_lens_array ? batch : batch + 1});
+    require_contiguous(lens, lens_name);
+    require_place(out, "out", place_);
+    require_dtype(out, "out", {dtype_of(q.dtype)});
+    require_ndim(out, "out", {batch, q_heads, d.head_dim});
+    require_contiguous(out, "out");
+    if (place_.cuda) {
+      require_aligned(q.data, "q", 16);
+      require_aligned(out.data, "out", 16);
+      if (batch > 1 && q_stride % 8 != 0)
+        fail("q", "the row stride must be a multiple of 8 elements, got " + std::to_string(q_stride));
+    }
+    DecodeArgs a;
+    a.q = q.data;
+    a.q_type = element_type(dtype_of(q.dtype));
+    a.q_heads = q_heads;
+    a.q_token_stride = q_stride;
+    a.batch.block_table = static_cast<const int32_t*>(block_table_array.data());
+    a.batch.block_table_stride = batch ? int64_t(block_table_array.shape(1)) : 1;
+    (seq_lens_array ? a.batch.seq_lens : a.batch.cu_seqlens) = static_cast<const int32_t*>(lens.data);
+    a.batch.batch = batch;
+    a.layer = layer;
+    a.softmax_scale = softmax_scale;
+    a.k_global_scale = scales_ + 2 * layer;
+    a.v_global_scale = scales_ + 2 * layer + 1;
+    a.window = window;
+    a.softcap = softcap;
+    if (sinks_array) {
+      const ArrayFacts s(*sinks_array);
+      require_place(s, "sinks", place_);
+      require_dtype(s, "sinks", {DType::kFloat32});
+      require_ndim(s, "sinks", {q_heads});
+      require_contiguous(s, "sinks");
+      a.sinks = static_cast<const float*>(s.data);
+    }
+    a.out = out_array.data();
+    if (lse_array) {
+      const ArrayFacts l(*lse_array);
+      require_place(l, "lse", place_);
+      require_dtype(l, "lse", {DType::kFloat32});
+      require_ndim(l, "lse", {batch, q_heads});
+      require_contiguous(l, "lse");
+      a.lse = static_cast<float*>(lse_array->data());
+    }
+    a.status = status_;
+    if (!place_.cuda) {
+      run([&](const CacheBuffers& b, uintptr_t) { decode_on_host(b, a); }, layer, 0);
+      return;
+    }
+#if NVFP4KV_HAVE_CUDA
+    DeviceGuard on(place_);
+    const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+    const size_t need = workspace_bytes(batch, q_heads, a.batch.block_table_stride);
+    if (workspace_array) {
+      const ArrayFacts w(*workspace_array);
+      require_place(w, "workspace", place_);
+      require_contiguous(w, "workspace");
+      require_aligned(w.data, "workspace", 256);
+      if (w.nbytes < need)
+        fail("workspace", "this shape needs " + std::to_string(need) + " bytes (Cache.decode_workspace_bytes), got " +
+                              std::to_string(w.nbytes));
+      a.workspace = workspace_array->data();
+      a.workspace_bytes = w.nbytes;
+    } else if (need > 0) {
+      a.workspace = own_workspace(need, s);
+      a.workspace_bytes = need;
+    }
+    run([&](const CacheBuffers& b, uintptr_t) { raise_for(nvfp4kv::decode_attention(layout_, b, a, s)); }, layer, stream);
+#else
+    (void)stream;
+    (void)workspace_array;
+#endif
+  }
+
+  // Workspace bytes a GPU decode of this shape needs (0 when sequences are not split).
+  size_t workspace_bytes(int64_t batch, int64_t q_heads, int64_t block_table_stride) {
+#if NVFP4KV_HAVE_CUDA
+    if (!place_.cuda) return 0;
+    const auto key = std::make_tuple(batch, q_heads, block_table_stride);
+    if (auto it = workspace_need_.find(key); it != workspace_need_.end()) return it->second;
+    DeviceGuard on(place_);
+    DecodePlan plan;
+    raise_for(plan_decode(layout_, batch, q_heads, block_table_stride, &plan));
+    workspace_need_[key] = plan.workspace_bytes;
+    return plan.workspace_bytes;
+#else
+    (void)batch, (void)q_heads, (void)block_table_stride;
+    return 0;
+#endif
+  }
+
   // ---- state ------------------------------------------------------------------
   nb::dict status() const {
     DeviceStatus s{};
@@ -367,6 +485,38 @@ class Cache {
     }
   }
 
+  // The reference's fp64 results in the query's type (and lse in fp32).
+  void decode_on_host(const CacheBuffers& b, const DecodeArgs& a) {
+    const reference::DecodeResult r = reference::decode_attention(layout_, b, a);
+    for (size_t i = 0; i < r.out.size(); ++i) {
+      const float x = float(r.out[i]);
+      switch (a.q_type) {
+        case ElementType::kFloat32: static_cast<float*>(a.out)[i] = x; break;
+        case ElementType::kBFloat16: static_cast<uint16_t*>(a.out)[i] = float_to_bf16(x); break;
+        default: static_cast<uint16_t*>(a.out)[i] = float_to_fp16(x); break;
+      }
+    }
+    if (a.lse)
+      for (size_t i = 0; i < r.lse.size(); ++i) a.lse[i] = float(r.lse[i]);
+  }
+
+#if NVFP4KV_HAVE_CUDA
+  // The cache's own decode workspace, grown outside graph capture only. A grown
+  // one never frees the old: a captured graph may still point at it.
+  void* own_workspace(size_t bytes, cudaStream_t stream) {
+    if (!workspaces_.empty() && workspace_size_ >= bytes) return workspaces_.back()->get();
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    cuda_ok(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+    if (capturing != cudaStreamCaptureStatusNone)
+      throw ArgumentError("workspace: this decode shape needs " + std::to_string(bytes) +
+                          " bytes of workspace and the stream is being captured, where nothing may be allocated: "
+                          "run the same decode once before capture (warm-up), or pass workspace=");
+    workspaces_.push_back(std::make_unique<Allocation>(place_, bytes));
+    workspace_size_ = bytes;
+    return workspaces_.back()->get();
+  }
+#endif
+
   void allocate() {
     const Layout& l = layout_.layout();
     for (const Buffer& b : l.buffers) {
@@ -454,6 +604,9 @@ class Cache {
   std::vector<std::vector<uint8_t*>> ptr_;  // per buffer: one pointer, or one per layer
   float* scales_ = nullptr;                // (layers, 2): K and V dequant multipliers
   DeviceStatus* status_ = nullptr;
+  std::vector<std::unique_ptr<Allocation>> workspaces_;  // decode's, newest last
+  size_t workspace_size_ = 0;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, size_t> workspace_need_;  // (batch, q_heads, stride) -> bytes
 };
 
 }  // namespace
@@ -467,6 +620,9 @@ void bind_cache(nb::module_& m) {
       .def("store", &Cache::store, "k"_a, "v"_a, "slots"_a, "layer"_a, "rule"_a, "stream"_a, "k_scale"_a = nb::none(),
            "v_scale"_a = nb::none())
       .def("gather", &Cache::gather, "block_table"_a, "cu_seqlens"_a, "layer"_a, "k_out"_a, "v_out"_a, "stream"_a)
+      .def("decode", &Cache::decode, "q"_a, "block_table"_a, "seq_lens"_a, "cu_seqlens"_a, "layer"_a, "out"_a,
+           "softmax_scale"_a, "window"_a, "softcap"_a, "sinks"_a, "lse"_a, "workspace"_a, "stream"_a)
+      .def("decode_workspace_bytes", &Cache::workspace_bytes, "batch"_a, "q_heads"_a, "block_table_stride"_a)
       .def("status", &Cache::status)
       .def("reset_status", &Cache::reset_status, "stream"_a)
       .def("set_global_scales", &Cache::set_global_scales, "k"_a, "v"_a)
