@@ -15,7 +15,17 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
-if ! python3 -c "import ml_dtypes, numpy" 2>/dev/null; then
-  echo "installing: ml_dtypes numpy (pip)"
-  python3 -m pip install -q ml_dtypes numpy 2>&1 | grep -v "WARNING: Running pip as the 'root'" || true
+# A Debian-managed python3 refuses pip installs outside a venv; this project installs
+# into the machine's python3 on purpose (CI machines are throwaway).
+export PIP_BREAK_SYSTEM_PACKAGES=1
+py_need=()
+python3 -c "import ml_dtypes, numpy" 2>/dev/null || py_need+=(ml_dtypes numpy)
+python3 -c "import pytest" 2>/dev/null || py_need+=(pytest)
+# pip install . (the Python package) builds with these, without build isolation.
+python3 -c "import nanobind, scikit_build_core" 2>/dev/null || py_need+=("nanobind>=2.0" "scikit-build-core>=0.10")
+if [ ${#py_need[@]} -gt 0 ]; then
+  echo "installing: ${py_need[*]} (pip)"
+  python3 -m pip install -q "${py_need[@]}" 2>&1 | { grep -v "WARNING: Running pip as the 'root'" || true; }
 fi
+python3 -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" ||
+  { echo "installing: python3-dev"; apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-dev >/dev/null; }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build everything (CUDA targets too when nvcc is present) and run the tests:
-# the CPU suite, the ml_dtypes cross-check, a 60 s libFuzzer run, and the GPU
-# tests, which skip with a message when there is no GPU.
+# the CPU suite, the ml_dtypes cross-check, a 60 s libFuzzer run, the GPU tests
+# (which skip with a message when there is no GPU), an engine's CMake build
+# against the installed package, then pip install . and the Python tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -15,3 +16,11 @@ fi
 cmake --preset cpu -DNVFP4KV_FUZZER="$fuzzer" >/dev/null
 cmake --build --preset cpu -j "$jobs"
 ctest --preset cpu -j "$jobs"
+
+# The Python package as a user installs it (docs/python.md), then its tests; the
+# GPU ones say why they are skipped where there is no GPU.
+echo "=== pip install . (CUDA kernels where nvcc is found)"
+CMAKE_BUILD_PARALLEL_LEVEL="$jobs" python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 |
+  { grep -v "Running pip as the 'root' user" || true; }
+(cd /tmp && python3 -c "import nvfp4kv; print(nvfp4kv.build_info)")
+python3 -m pytest tests/python -rs -q -p no:cacheprovider

@@ -83,16 +83,27 @@ def load(name_or_path: str, *, layers: Optional[int] = None, pages: Optional[int
          head_dim: Optional[int] = None) -> Layout:
     """A concrete Layout from a preset name or a JSON file, binding the sizes the
     description leaves open (given ones override its defaults). Not yet checked."""
-    return load_spec(name_or_path).instantiate(layers=layers, pages=pages, tokens_per_page=tokens_per_page,
-                                               heads=heads, head_dim=head_dim)
+    return _instantiate(load_spec(name_or_path), layers, pages, tokens_per_page, heads, head_dim)
 
 
 def from_json(text: str, *, layers: Optional[int] = None, pages: Optional[int] = None,
               tokens_per_page: Optional[int] = None, heads: Optional[int] = None,
               head_dim: Optional[int] = None) -> Layout:
     """A concrete Layout from JSON text (docs/layouts.md), as ``load``."""
-    return _core.parse_layout_spec(text).instantiate(layers=layers, pages=pages, tokens_per_page=tokens_per_page,
-                                                     heads=heads, head_dim=head_dim)
+    return _instantiate(_core.parse_layout_spec(text), layers, pages, tokens_per_page, heads, head_dim)
+
+
+def _instantiate(spec: LayoutSpec, layers, pages, tokens_per_page, heads, head_dim) -> Layout:
+    try:
+        return spec.instantiate(layers=layers, pages=pages, tokens_per_page=tokens_per_page, heads=heads,
+                                head_dim=head_dim)
+    except LayoutError as e:  # core names the CLI's flags; say the keyword arguments here
+        message = str(e)
+        for flag in ("layers", "pages", "tokens-per-page", "heads", "head-dim"):
+            message = message.replace("--" + flag, flag.replace("-", "_") + "=")
+        if message == str(e):
+            raise
+        raise LayoutError(message) from None
 
 
 def check_report(layout: Layout) -> CheckReport:

@@ -1,0 +1,23 @@
+"""The Python examples of README.md and docs/python.md run as written: those
+that use a GPU on the GPU (marked gpu), the others everywhere."""
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def examples():
+    found = []
+    for page in ("README.md", "docs/python.md"):
+        for i, code in enumerate(re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), re.S)):
+            marks = [pytest.mark.gpu] if '"cuda"' in code else []
+            found.append(pytest.param(code, id="%s-%d" % (page, i + 1), marks=marks))
+    return found
+
+
+@pytest.mark.parametrize("code", examples())
+def test_example_runs_as_written(code, capsys):
+    exec(compile(code, "<example>", "exec"), {"__name__": "__example__"})
+    assert capsys.readouterr().err == ""
