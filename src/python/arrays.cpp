@@ -106,6 +106,14 @@ void require_contiguous(const ArrayFacts& a, const std::string& name) {
   }
 }
 
+void require_dense(const ArrayFacts& a, const std::string& name, const Place& place, const std::vector<DType>& dtypes,
+                   std::initializer_list<int64_t> shape) {
+  require_place(a, name, place);
+  require_dtype(a, name, dtypes);
+  require_ndim(a, name, shape);
+  require_contiguous(a, name);
+}
+
 void require_aligned(const void* p, const std::string& name, uintptr_t bytes) {
   if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
     fail(name, "must start at a " + std::to_string(bytes) + "-byte aligned address (the kernels read it in " +

@@ -57,6 +57,9 @@ void require_ndim(const ArrayFacts& a, const std::string& name, std::initializer
 void require_dtype(const ArrayFacts& a, const std::string& name, const std::vector<DType>& allowed);
 void require_contiguous(const ArrayFacts& a, const std::string& name);
 void require_aligned(const void* p, const std::string& name, uintptr_t bytes);
+// All four at once: on `place`, one of `dtypes`, of `shape` (-1: any), contiguous.
+void require_dense(const ArrayFacts& a, const std::string& name, const Place& place, const std::vector<DType>& dtypes,
+                   std::initializer_list<int64_t> shape);
 // (rows, heads, D) with D and heads dense: returns the row stride in elements.
 int64_t require_rows(const ArrayFacts& a, const std::string& name, int64_t heads, int64_t head_dim);
 

@@ -147,10 +147,7 @@ class Cache {
       allocate();
     if (global_scales) {
       const ArrayFacts s(*global_scales);
-      require_place(s, "global_scales", place_);
-      require_dtype(s, "global_scales", {DType::kFloat32});
-      require_ndim(s, "global_scales", {l.dims.layers, 2});
-      require_contiguous(s, "global_scales");
+      require_dense(s, "global_scales", place_, {DType::kFloat32}, {l.dims.layers, 2});
       scales_ = reinterpret_cast<float*>(bytes_of(*global_scales));
       adopted_.push_back(*global_scales);
     } else {
@@ -220,18 +217,12 @@ class Cache {
     const CacheDims& d = layout_.layout().dims;
     require_layer(layer);
     const int64_t batch = require_block_table(block_table);
-    require_place(cu_seqlens, "cu_seqlens", place_);
-    require_dtype(cu_seqlens, "cu_seqlens", {DType::kInt32});
-    require_ndim(cu_seqlens, "cu_seqlens", {batch + 1});
-    require_contiguous(cu_seqlens, "cu_seqlens");
+    require_dense(cu_seqlens, "cu_seqlens", place_, {DType::kInt32}, {batch + 1});
     const std::vector<DType> types = row_types();
     const int64_t rows = k_out.ndim() > 0 ? k_out.shape[0] : 0;
     for (const ArrayFacts* a : {&k_out, &v_out}) {
       const std::string name = a == &k_out ? "k_out" : "v_out";
-      require_place(*a, name, place_);
-      require_dtype(*a, name, types);
-      require_ndim(*a, name, {rows, d.heads, d.head_dim});
-      require_contiguous(*a, name);
+      require_dense(*a, name, place_, types, {rows, d.heads, d.head_dim});
       if (place_.cuda) require_aligned(a->data, name, 16);
     }
     if (dtype_of(k_out.dtype) != dtype_of(v_out.dtype))
@@ -285,14 +276,8 @@ class Cache {
       fail("seq_lens", "give the sequence lengths as seq_lens (batch,) or as cu_seqlens (batch + 1,), exactly one");
     const ArrayFacts lens(seq_lens_array ? *seq_lens_array : *cu_seqlens_array);
     const std::string lens_name = seq_lens_array ? "seq_lens" : "cu_seqlens";
-    require_place(lens, lens_name, place_);
-    require_dtype(lens, lens_name, {DType::kInt32});
-    require_ndim(lens, lens_name, {seq_lens_array ? batch : batch + 1});
-    require_contiguous(lens, lens_name);
-    require_place(out, "out", place_);
-    require_dtype(out, "out", {dtype_of(q.dtype)});
-    require_ndim(out, "out", {batch, q_heads, d.head_dim});
-    require_contiguous(out, "out");
+    require_dense(lens, lens_name, place_, {DType::kInt32}, {seq_lens_array ? batch : batch + 1});
+    require_dense(out, "out", place_, {dtype_of(q.dtype)}, {batch, q_heads, d.head_dim});
     if (place_.cuda) {
       require_aligned(q.data, "q", 16);
       require_aligned(out.data, "out", 16);
@@ -316,19 +301,13 @@ class Cache {
     a.softcap = softcap;
     if (sinks_array) {
       const ArrayFacts s(*sinks_array);
-      require_place(s, "sinks", place_);
-      require_dtype(s, "sinks", {DType::kFloat32});
-      require_ndim(s, "sinks", {q_heads});
-      require_contiguous(s, "sinks");
+      require_dense(s, "sinks", place_, {DType::kFloat32}, {q_heads});
       a.sinks = static_cast<const float*>(s.data);
     }
     a.out = out_array.data();
     if (lse_array) {
       const ArrayFacts l(*lse_array);
-      require_place(l, "lse", place_);
-      require_dtype(l, "lse", {DType::kFloat32});
-      require_ndim(l, "lse", {batch, q_heads});
-      require_contiguous(l, "lse");
+      require_dense(l, "lse", place_, {DType::kFloat32}, {batch, q_heads});
       a.lse = static_cast<float*>(lse_array->data());
     }
     a.status = status_;
