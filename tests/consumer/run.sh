@@ -3,7 +3,8 @@
 # examples): against nvfp4kv installed from BUILD_DIR, and as a subproject of
 # the checkout (where nvcc is found: compiled for "80;90a", an engine's arch list
 # with a target the kernels do not support, which must build).
-# usage: run.sh SOURCE_DIR BUILD_DIR WORK_DIR. Exit 77 (skipped) only for the GPU program.
+# usage: run.sh SOURCE_DIR BUILD_DIR WORK_DIR. The GPU program (api_example) is run
+# by its own test (tests/CMakeLists.txt), which skips without a GPU.
 set -euo pipefail
 src=$1 build=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
@@ -12,11 +13,6 @@ echo "--- installed package: $(cd "$work/prefix" && find . -name 'nvfp4kvConfig.
 cmake -S "$src/tests/consumer" -B "$work/installed" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >"$work/installed.log"
 cmake --build "$work/installed" -j 2 >>"$work/installed.log" || { tail -30 "$work/installed.log"; exit 1; }
 "$work/installed/layout_example"
-gpu_rc=0
-if [ -x "$work/installed/api_example" ]; then
-  "$work/installed/api_example" || gpu_rc=$?
-  [ "$gpu_rc" = 0 ] || [ "$gpu_rc" = 77 ] || exit "$gpu_rc"
-fi
 if command -v nvcc >/dev/null; then
   archs="80;90a"
 else
@@ -28,4 +24,3 @@ cmake -S "$src/tests/consumer" -B "$work/subproject" -DNVFP4KV_SOURCE_DIR="$src"
 cmake --build "$work/subproject" -j 2 >>"$work/subproject.log" 2>&1 || { grep -B2 -A8 -E "error|Error" "$work/subproject.log" | head -60; exit 1; }
 echo "--- subproject build${archs:+ for CUDA architectures $archs}: ok"
 "$work/subproject/layout_example" >/dev/null
-exit "$gpu_rc"
