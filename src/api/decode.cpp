@@ -3,7 +3,7 @@
 #include "nvfp4kv/api/decode.hpp"
 
 #include "../kernels/decode/params.hpp"
-#include "nvfp4kv/api/kv_cache.hpp"
+#include "../kernels/common/arch.hpp"
 #include "launch_checks.hpp"
 
 namespace nvfp4kv {
@@ -16,8 +16,8 @@ Result prepare(const ValidLayout& layout, const DecodeArgs& a, kernels::DecodePa
   if (a.q_type != ElementType::kBFloat16 && a.q_type != ElementType::kFloat16)
     return api::invalid(who, std::string("the query must be bf16 or fp16, got ") + element_type_name(a.q_type));
   if (d.tokens_per_page > INT32_MAX) return {Status::kUnsupported, "decode_attention: more than 2^31 - 1 tokens per page"};
-  std::string why;
-  if (!cuda_device_available(&why)) return {Status::kUnsupported, std::string(who) + ": " + why};
+  if (std::string why = kernels::device_arch_problem(); !why.empty())  // cached per device
+    return {Status::kUnsupported, std::string(who) + ": " + why};
   p.args = a;
   std::string unsupported;
   if (Result r = api::from_cuda(kernels::plan_decode_geometry(p, &unsupported), who); !r.ok()) return r;
