@@ -8,7 +8,7 @@
 # nlohmann headers travel in .carry/ (bench/README.md says how to make it).
 # Options (environment): NVFP4KV_BEFORE=DIR (an older source tree to benchmark
 # beside this one), NVFP4KV_DECODE=full|quick|0, NVFP4KV_NCU=1 (Nsight Compute on
-# one decode launch), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_SANITIZE=0, NVFP4KV_BENCH=0
+# one decode launch), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_SANITIZE=0, NVFP4KV_CPU_TESTS=0, NVFP4KV_BENCH=0
 # (skip the store/gather benchmark).
 set -uo pipefail
 OUT=${OUT:-/tmp/nvfp4kv-out}
@@ -49,8 +49,10 @@ if [ "${NVFP4KV_TESTS:-1}" = 1 ]; then
   timeout 300 build/gpu/tests/nvfp4kv_gpu_tests --gtest_filter='-GpuDecode.*' > "$OUT/gpu_tests.log" 2>&1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure" "$OUT/gpu_tests.log" | head -20
   grep -q "^\[  PASSED  \]" "$OUT/gpu_tests.log" && ! grep -q "^\[  FAILED" "$OUT/gpu_tests.log" && record "store/gather tests" pass || record "store/gather tests" FAIL
-  step "CPU tests of this build"
-  (cd build/gpu && ctest -E "Gpu|fuzz" -j 16 2>&1 | tail -2)
+  if [ "${NVFP4KV_CPU_TESTS:-1}" = 1 ]; then
+    step "CPU tests of this build"
+    (cd build/gpu && ctest -E "Gpu|fuzz" -j 16 2>&1 | tail -2)
+  fi
   if [ "${NVFP4KV_SANITIZE:-1}" = 1 ]; then
   step "compute-sanitizer memcheck"
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
