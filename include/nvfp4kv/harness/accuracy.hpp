@@ -3,6 +3,7 @@
 // model-like keys and values stored as BF16, FP8 and NVFP4 (both scale rules),
 // compared with attention over the unquantized values. The demo prints it; the
 // committed table in bench/results comes from `nvfp4kv demo`.
+#include <cstdint>
 #include <string>
 #include <vector>
 
