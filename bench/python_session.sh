@@ -7,6 +7,9 @@ OUT=${OUT:-/tmp/nvfp4kv-out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 echo "=== pip install ($(date +%T))"
+# The image's CXX (/opt/gcc) links libstdc++ statically: beside torch the extension then
+# crashed in iostreams (run 8). The system compiler shares torch's libstdc++.
+export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
 CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install -q --no-build-isolation --no-deps \
   -C cmake.define.NVFP4KV_EXTRA_INCLUDE="$PWD/.carry/include" -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a \
   -C build-dir=build/python . > "$OUT/pip.log" 2>&1 || { tail -30 "$OUT/pip.log"; exit 1; }

@@ -339,7 +339,7 @@ def markdown(result: Dict) -> str:
     lines += ["", "Relative logit error by step (teacher-forced), every 32nd step:", "",
               "| step | " + " | ".join(series) + " |", "|---:|" + "---:|" * len(series)]
     n = len(next(iter(series.values()))["rel_logit_error"])
-    for i in list(range(0, n, 32)) + [n - 1]:
+    for i in sorted(set(range(0, n, 32)) | {n - 1}):
         lines.append("| %d | " % i + " | ".join("%.4f" % s["rel_logit_error"][i] for s in series.values()) + " |")
     return "\n".join(lines) + "\n"
 
