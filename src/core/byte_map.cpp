@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iomanip>
 #include <sstream>
+#include <tuple>
 
 #include "nvfp4kv/core/layout.hpp"
 
@@ -15,7 +16,18 @@ constexpr int kWidth = 64;
 }  // namespace
 
 std::string byte_map(const Layout& layout, int64_t layer, int64_t page, int max_lines) {
+  require_evaluable(layout);
   const CacheDims& d = layout.dims;
+  for (auto [v, extent, what] : {std::tuple{layer, d.layers, "layer"}, {page, d.pages, "page"}})
+    if (v < 0 || v >= extent)
+      throw LayoutError(std::string(what) + " " + std::to_string(v) + " is outside the cache's [0, " + std::to_string(extent) + ")");
+  // One page, every region: the elements drawn (no overflow: the whole cache is within 2^62).
+  const int64_t drawn = d.heads * d.tokens_per_page * 2 * (d.data_bytes() + d.scale_bytes());
+  if (drawn > kMaxEnumerated)
+    throw LayoutError("the byte map of one page draws heads " + std::to_string(d.heads) + " x tokens per page " +
+                      std::to_string(d.tokens_per_page) + " x " + std::to_string(2 * (d.data_bytes() + d.scale_bytes())) +
+                      " elements = " + std::to_string(drawn) + ", more than " + std::to_string(kMaxEnumerated) +
+                      " (2^23), the bound on any enumeration; draw fewer heads or tokens per page");
   std::ostringstream out;
   out << "page " << page << " of layer " << layer << ": K = k_data, k = k_scale, V = v_data, v = v_scale, "
       << ". = not this page's, ! = owned twice, + = several owners in one character\n";
@@ -48,7 +60,7 @@ std::string byte_map(const Layout& layout, int64_t layer, int64_t page, int max_
     }
     int64_t per_char = 1;
     while ((shown + per_char * kWidth - 1) / (per_char * kWidth) > max_lines) per_char *= 2;
-    out << "buffer \"" << b.name << "\", bytes " << lo << ".." << hi << (shown < hi - lo + 1 ? " (first 4 MiB shown)" : "")
+    out << "buffer " << quote_text(b.name) << ", bytes " << lo << ".." << hi << (shown < hi - lo + 1 ? " (first 4 MiB shown)" : "")
         << ", one character = " << per_char << (per_char == 1 ? " byte" : " bytes") << "\n";
     for (int64_t line = 0; line * per_char * kWidth < shown; ++line) {
       out << "  " << std::setw(10) << lo + line * per_char * kWidth << " ";

@@ -1,8 +1,35 @@
 #include "nvfp4kv/core/layout.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 namespace nvfp4kv {
+
+__extension__ typedef __int128 i128;
+
+std::string quote_text(std::string_view text) {
+  constexpr size_t kShown = 48;
+  size_t cut = std::min(text.size(), kShown);
+  while (cut < text.size() && cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // whole UTF-8 characters
+  std::string out = "\"";
+  for (const char c : text.substr(0, cut)) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7F) {
+      constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+  if (cut < text.size()) out += "... (" + std::to_string(text.size()) + " characters)";
+  return out;
+}
 
 const char* region_name(Region r) {
   switch (r) {
@@ -61,6 +88,104 @@ std::string dims_problem(const CacheDims& d) {
   return head_dim_problem(d.head_dim);
 }
 
+namespace {
+
+std::string decimal(i128 v) {  // v >= 0
+  std::string digits;
+  do {
+    digits += char('0' + int(v % 10));
+    v /= 10;
+  } while (v > 0);
+  return {digits.rbegin(), digits.rend()};
+}
+
+i128 magnitude(int64_t v) { return v < 0 ? -i128(v) : i128(v); }
+
+// One term of a region's offset at its largest magnitude over the domain, and what it is.
+struct Term {
+  i128 reach;
+  std::string what;
+};
+
+Term affine_term(int64_t stride, int64_t extent, const char* dim) {
+  return {i128(extent - 1) * magnitude(stride),
+          std::string(dim) + " " + std::to_string(extent - 1) + " x stride " + std::to_string(stride)};
+}
+
+Term mode_term(const Mode& m, int64_t extent, const char* dim) {
+  const i128 last = extent - 1;
+  const i128 reach = m.is_plain() ? last * magnitude(m.stride)
+                                  : std::min<i128>(last, m.inner - 1) * magnitude(m.inner_stride) +
+                                        (last / m.inner) * magnitude(m.stride);
+  return {reach, std::string(dim) + " " + std::to_string(extent - 1) + " through mode " + mode_text(m)};
+}
+
+}  // namespace
+
+std::string evaluation_problem(const Layout& l) {
+  if (std::string p = dims_problem(l.dims); !p.empty()) return p;
+  const CacheDims& d = l.dims;
+  const std::string bound = std::to_string(kOffsetLimit) + " (2^62)";
+  if (l.buffers.empty()) return "the layout names no buffer";
+  if (l.buffers.size() > size_t(kMaxBuffers))
+    return std::to_string(l.buffers.size()) + " buffers; a layout has at most " + std::to_string(kMaxBuffers) +
+           " (a cache hands kernels " + std::to_string(kMaxBuffers) + " base pointers)";
+  // Elements of the whole cache: K and V, D/2 data bytes and D/16 scales per token and head.
+  i128 count = 1;
+  std::string factors;
+  for (auto [v, what] : {std::pair{i128(d.layers), "layers "}, {i128(d.pages), "pages "}, {i128(d.heads), "heads "},
+                         {i128(d.tokens_per_page), "tokens per page "},
+                         {2 * (i128(d.data_bytes()) + d.scale_bytes()), "elements per token and head "}}) {
+    factors += std::string(factors.empty() ? "" : " x ") + what + decimal(v);
+    count = std::min<i128>(count * v, i128(kOffsetLimit) + 1);  // both factors <= 2^64: no overflow
+  }
+  if (count > kOffsetLimit)
+    return factors + " is more than " + bound + " elements, the bound on any count; lower the sizes";
+  for (Region r : kAllRegions) {
+    const RegionMap& m = l.region(r);
+    const std::string rn = region_name(r);
+    if (m.buffer < 0 || size_t(m.buffer) >= l.buffers.size())
+      return rn + " names buffer #" + std::to_string(m.buffer) + ", which does not exist";
+    for (auto [mode, dim] : {std::pair{&m.token, "token"}, {&m.column, "column"}})
+      if (mode->inner < 1) return rn + ": the " + dim + " mode's inner extent must be >= 1, got " + std::to_string(mode->inner);
+    for (auto [v, what] : {std::pair{m.offset, "offset"}, {m.layer, "layer stride"}, {m.page, "page stride"},
+                           {m.head, "head stride"}, {m.token.inner_stride, "inner token stride"},
+                           {m.token.stride, "token stride"}, {m.column.inner_stride, "inner column stride"},
+                           {m.column.stride, "column stride"}})
+      if (magnitude(v) > kOffsetLimit) return rn + ": " + what + " " + std::to_string(v) + " is beyond +-" + bound + ", the bound on any offset";
+    // Every partial sum of an offset is at most the sum of its terms' magnitudes.
+    const Term terms[] = {{magnitude(m.offset), "offset " + std::to_string(m.offset)},
+                          affine_term(m.layer, d.layers, "layer"),
+                          affine_term(m.page, d.pages, "page"),
+                          affine_term(m.head, d.heads, "head"),
+                          mode_term(m.token, d.tokens_per_page, "token"),
+                          mode_term(m.column, d.columns(r), is_scale(r) ? "group" : "byte")};
+    i128 reach = 0;  // each term < 2^126 and the sum stops past the bound: no overflow
+    const Term* largest = &terms[0];
+    for (const Term& t : terms) {
+      if (t.reach > largest->reach) largest = &t;
+      if (reach <= kOffsetLimit) reach += t.reach;
+    }
+    if (reach > kOffsetLimit)
+      return rn + ": offsets reach beyond " + bound + " bytes, the bound on any offset (largest term: " + largest->what +
+             "); lower the sizes";
+  }
+  i128 total = 0;
+  for (const Buffer& b : l.buffers) {
+    if (b.bytes < 0 || b.bytes > kOffsetLimit)
+      return "buffer " + quote_text(b.name) + " has size " + std::to_string(b.bytes) + "; a size lies in [0, " + bound + "]";
+    if (total <= kOffsetLimit) total += i128(b.bytes) * (b.per_layer ? d.layers : 1);  // < 2^125: no overflow
+  }
+  if (total > kOffsetLimit)
+    return "the allocations over " + std::to_string(d.layers) + " layer(s) total more than " + bound +
+           " bytes, the bound on any size; lower the sizes";
+  return "";
+}
+
+void require_evaluable(const Layout& l) {
+  if (const std::string p = evaluation_problem(l); !p.empty()) throw LayoutError("layout " + quote_text(l.name) + ": " + p);
+}
+
 int64_t Layout::total_bytes() const {
   int64_t total = 0;
   for (const Buffer& b : buffers) total += b.bytes * (b.per_layer ? dims.layers : 1);
@@ -85,7 +210,7 @@ std::string describe_element(Region r, const Coord& c) {
 
 std::string Collision::message() const {
   return describe_element(a, coord_a) + " and " + describe_element(b, coord_b) + " share byte " +
-         std::to_string(byte) + " of buffer \"" + buffer + "\"";
+         std::to_string(byte) + " of buffer " + quote_text(buffer);
 }
 
 std::string CheckReport::summary() const {

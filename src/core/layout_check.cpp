@@ -42,7 +42,6 @@ bool entry_less(const Entry& x, const Entry& y) {
   return key(x.coord) < key(y.coord);
 }
 
-constexpr int64_t kMaxEnumerated = int64_t(1) << 23;
 constexpr double kMaxLatticeWork = 4e8;
 
 struct OverlapProof {
@@ -208,8 +207,8 @@ class BufferProver {
     if (!nonzero || v < 0 || (v == 0 && !positive_first)) return;
     work_ += double(cell_.size());
     if (work_ > kMaxLatticeWork) {
-      proof.cannot_prove = "buffer \"" + layout_.buffers[size_t(buffer_)].name +
-                           "\": the regions interleave across pages or heads in a way that needs more than " +
+      proof.cannot_prove = "buffer " + quote_text(layout_.buffers[size_t(buffer_)].name) +
+                           ": the regions interleave across pages or heads in a way that needs more than " +
                            std::to_string(int64_t(kMaxLatticeWork)) +
                            " steps to prove disjoint; check it with fewer pages";
       return;
@@ -257,26 +256,23 @@ Coord last_coord(const Layout& layout, Region r) {
 }
 
 void check_structure(const Layout& layout, CheckReport& rep) {
+  if (std::string p = evaluation_problem(layout); !p.empty()) {
+    rep.problems.push_back(p);  // nothing below may evaluate an offset
+    return;
+  }
   const CacheDims& d = layout.dims;
   auto need = [&](bool ok, const std::string& msg) {
     if (!ok) rep.problems.push_back(msg);
   };
-  if (const std::string p = dims_problem(d); !p.empty()) rep.problems.push_back(p);
-  need(!layout.buffers.empty(), "the layout names no buffer");
   std::set<std::string> names;
   for (const Buffer& b : layout.buffers) {
     need(!b.name.empty(), "a buffer has an empty name");
-    need(names.insert(b.name).second, "buffer \"" + b.name + "\" is named twice");
-    need(b.bytes > 0, "buffer \"" + b.name + "\" has size " + std::to_string(b.bytes));
+    need(names.insert(b.name).second, "buffer " + quote_text(b.name) + " is named twice");
+    need(b.bytes > 0, "buffer " + quote_text(b.name) + " has size " + std::to_string(b.bytes));
   }
-  if (!rep.problems.empty()) return;
   for (Region r : kAllRegions) {
     const RegionMap& m = layout.region(r);
     const std::string rn = region_name(r);
-    if (m.buffer < 0 || size_t(m.buffer) >= layout.buffers.size()) {
-      rep.problems.push_back(rn + " names buffer #" + std::to_string(m.buffer) + ", which does not exist");
-      continue;
-    }
     const Buffer& b = layout.buffers[size_t(m.buffer)];
     need(m.offset >= 0, rn + " has a negative offset " + std::to_string(m.offset));
     for (auto [stride, dim] : {std::pair{m.layer, "layer"}, {m.page, "page"}, {m.token.stride, "token"},
@@ -288,13 +284,9 @@ void check_structure(const Layout& layout, CheckReport& rep) {
       need(mode->inner >= 1 && mode->inner <= std::max<int64_t>(extent, 1),
            rn + ": the " + dim + " mode's inner extent must be in [1, " + std::to_string(extent) + "] (the " + dim +
                "s it splits), got " + std::to_string(mode->inner));
-    need(!(b.per_layer && m.layer != 0), rn + " lives in per-layer buffer \"" + b.name +
-                                             "\" but has a layer stride; a per-layer buffer holds one layer");
+    need(!(b.per_layer && m.layer != 0), rn + " lives in per-layer buffer " + quote_text(b.name) +
+                                             " but has a layer stride; a per-layer buffer holds one layer");
   }
-  if (!rep.problems.empty()) return;
-  for (Region r : kAllRegions)  // the largest offset (strides >= 0: the last element's) must fit in int64
-    need(region_offset_as<i128>(layout.region(r), last_coord(layout, r)) < i128(INT64_MAX) / 2,
-         std::string(region_name(r)) + ": offsets overflow 64 bits; the sizes are too large");
 }
 
 void check_bounds(const Layout& layout, CheckReport& rep) {
@@ -303,8 +295,8 @@ void check_bounds(const Layout& layout, CheckReport& rep) {
     const int64_t last = layout.offset(r, c);
     const Buffer& b = layout.buffers[size_t(layout.region(r).buffer)];
     if (last >= b.bytes)
-      rep.problems.push_back(describe_element(r, c) + " at byte " + std::to_string(last) + " is outside buffer \"" +
-                             b.name + "\" of " + std::to_string(b.bytes) + " bytes");
+      rep.problems.push_back(describe_element(r, c) + " at byte " + std::to_string(last) + " is outside buffer " +
+                             quote_text(b.name) + " of " + std::to_string(b.bytes) + " bytes");
   }
 }
 
@@ -363,8 +355,8 @@ void check_overlap(const Layout& layout, CheckReport& rep) {
             groups.push_back(pair);
           } else {
             rep.problems.push_back(std::string("cannot prove ") + region_name(group[i]) + " and " +
-                                   region_name(group[j]) + " disjoint in buffer \"" + layout.buffers[size_t(buf)].name +
-                                   "\": their address ranges overlap and they use different page/head strides; "
+                                   region_name(group[j]) + " disjoint in buffer " + quote_text(layout.buffers[size_t(buf)].name) +
+                                   ": their address ranges overlap and they use different page/head strides; "
                                    "check the layout with fewer pages");
             return;
           }

@@ -22,7 +22,7 @@ void require_same_dims(const Layout& w, const Layout& r) {
   if (a.heads != b.heads) diff << " heads " << a.heads << " vs " << b.heads << ";";
   if (a.head_dim != b.head_dim) diff << " head dim " << a.head_dim << " vs " << b.head_dim << ";";
   if (!diff.str().empty())
-    throw LayoutError("\"" + w.name + "\" and \"" + r.name + "\" describe different caches:" + diff.str());
+    throw LayoutError(quote_text(w.name) + " and " + quote_text(r.name) + " describe different caches:" + diff.str());
 }
 
 const std::string& buffer_name(const Layout& l, Region r) { return l.buffers.at(size_t(l.region(r).buffer)).name; }
@@ -46,6 +46,8 @@ int64_t count_solutions(int64_t target, int64_t dl, int64_t dp, int64_t L, int64
 }  // namespace
 
 CompareReport compare(const Layout& writer, const Layout& reader, int max_examples) {
+  require_evaluable(writer);
+  require_evaluable(reader);
   require_same_dims(writer, reader);
   const CacheDims& d = writer.dims;
   CompareReport rep;

@@ -8,7 +8,6 @@
 
 namespace nvfp4kv {
 
-__extension__ typedef __int128 i128;
 namespace {
 
 using json = nlohmann::json;
@@ -225,22 +224,23 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
     m.token = mode(rs.token, rn + ".token");
     m.column = mode(rs.column, rn + ".column");
   }
+  for (size_t i = 0; i < spec.buffers.size(); ++i)
+    if (spec.buffers[i].bytes) l.buffers[i].bytes = eval(*spec.buffers[i].bytes, "buffer " + quote_text(spec.buffers[i].name) + " bytes");
+  require_evaluable(l);  // buffers without a size still at 0: the offsets below are computable
   for (size_t i = 0; i < spec.buffers.size(); ++i) {
-    if (spec.buffers[i].bytes) {
-      l.buffers[i].bytes = eval(*spec.buffers[i].bytes, "buffer " + spec.buffers[i].name + " bytes");
-      continue;
-    }
+    if (spec.buffers[i].bytes) continue;
     // No size given: exactly what the regions in it reach (strides >= 0 assumed; check() verifies).
-    i128 need = 0;
+    int64_t need = 0;
     for (Region r : kAllRegions) {
       const RegionMap& m = l.regions[size_t(r)];
       if (m.buffer != int32_t(i)) continue;
       const Coord c{l.layers_in(l.buffers[i]) - 1, l.dims.pages - 1, m.token.argmax(l.dims.tokens_per_page),
                     l.dims.heads - 1, m.column.argmax(l.dims.columns(r))};
-      need = std::max<i128>(need, region_offset_as<i128>(m, c) + 1);
+      need = std::max(need, l.offset(r, c) + 1);
     }
-    l.buffers[i].bytes = int64_t(std::min<i128>(need, INT64_MAX));
+    l.buffers[i].bytes = need;
   }
+  require_evaluable(l);  // and the sizes just worked out, with their total
   return l;
 }
 

@@ -128,7 +128,10 @@ TEST(Check, RejectsNegativeStridesAndBadModes) {
   l.regions[0].token = -16;
   EXPECT_NE(check(l).report.problems[0].find("negative token stride"), std::string::npos);
   l = tiny();
-  l.regions[3].token = Mode(0, 1, 8);
+  l.regions[3].token = Mode(0, 1, 8);  // not even evaluable: x % 0
+  EXPECT_NE(check(l).report.problems[0].find("v_scale: the token mode's inner extent must be >= 1, got 0"), std::string::npos);
+  l = tiny();
+  l.regions[3].token = Mode(5, 1, 8);
   EXPECT_NE(check(l).report.problems[0].find("inner extent must be in [1, 4]"), std::string::npos);
   l = tiny();
   l.regions[3].column = Mode(2, -1, 4);
@@ -138,10 +141,10 @@ TEST(Check, RejectsNegativeStridesAndBadModes) {
 TEST(Check, RejectsOffsetsThatOverflow64Bits) {
   Layout l = tiny();
   l.regions[2].page = int64_t(1) << 62;  // page 2 of v_data would sit at 2^63
-  l.buffers[0].bytes = INT64_MAX;
   const CheckReport r = check(l).report;
   ASSERT_FALSE(r.ok);
-  EXPECT_NE(r.problems[0].find("v_data: offsets overflow 64 bits"), std::string::npos) << r.problems[0];
+  EXPECT_EQ(r.problems[0].rfind("v_data: offsets reach beyond 4611686018427387904 (2^62) bytes", 0), 0u) << r.problems[0];
+  EXPECT_NE(r.problems[0].find("largest term: page 2 x stride 4611686018427387904"), std::string::npos) << r.problems[0];
 }
 
 // The scale interleaves are modes. TensorRT-LLM's spelling permutes a contiguous

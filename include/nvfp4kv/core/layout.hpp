@@ -7,10 +7,15 @@
 #include <string_view>
 #include <vector>
 
+#include "nvfp4kv/core/cache_buffers.hpp"
 #include "nvfp4kv/core/error.hpp"
 #include "nvfp4kv/core/layout_view.hpp"
 
 namespace nvfp4kv {
+
+// Text from the input as a message quotes it: in double quotes, control
+// characters escaped, cut to a short prefix, so a message stays one short line.
+std::string quote_text(std::string_view text);
 
 const char* region_name(Region r);          // "k_data", "k_scale", "v_data", "v_scale"
 std::optional<Region> region_from_name(std::string_view name);
@@ -84,6 +89,23 @@ struct Collision {
 // statement of the rule; instantiate, check, plan and the reference use it.
 std::string dims_problem(const CacheDims& d);
 std::string head_dim_problem(int64_t head_dim);
+
+// Every offset, stride, size and count of a layout lies within +-2^62, so int64
+// arithmetic on them, and on the difference of two, never overflows.
+inline constexpr int64_t kOffsetLimit = int64_t(1) << 62;
+// The most elements one proof, comparison or byte map enumerates; larger is refused up front.
+inline constexpr int64_t kMaxEnumerated = int64_t(1) << 23;
+
+// Why the offsets of this layout cannot all be computed ("" when they can): the
+// sizes (dims_problem), 1 to kMaxBuffers buffers, each region in one of them, inner extents
+// >= 1, and every stride, partial sum of an offset, buffer size, total and element
+// count within kOffsetLimit, worked out in 128 bits. The one statement of what makes
+// a layout evaluable: instantiate establishes it, and check, compare and byte_map
+// refuse a layout without it, so nothing evaluates an offset of a layout that lacks
+// it. Soundness (strides >= 0, bounds, no shared byte) stays check()'s.
+std::string evaluation_problem(const Layout& layout);
+// Throws LayoutError naming the layout and its evaluation_problem, if it has one.
+void require_evaluable(const Layout& layout);
 
 struct CheckReport {
   bool ok = false;

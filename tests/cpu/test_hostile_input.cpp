@@ -1,0 +1,127 @@
+// Hostile input (issue 9): every size, number and coordinate either gives an
+// exact answer or a refusal that names the bound. Offsets are only ever
+// evaluated for layouts that satisfy evaluation_problem, whoever built them.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "nvfp4kv/core/layout.hpp"
+
+namespace nvfp4kv {
+namespace {
+
+constexpr int64_t kBig = int64_t(1) << 62;
+
+Layout tiny() {
+  return instantiate(preset_spec("vllm-legacy-hnd-writer-sm12x"), {2, 3, 4, 2, 32});
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const LayoutError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+// A layout built by hand that breaks the evaluation rule is refused by every
+// path, with the same message, before any offset is computed.
+TEST(EvaluationRule, HandBuiltLayoutsCannotBypassIt) {
+  const std::vector<std::pair<std::string, std::function<void(Layout&)>>> cases = {
+      {"9 buffers; a layout has at most 8", [](Layout& l) { l.buffers.resize(9, l.buffers[0]); }},
+      {"the layout names no buffer", [](Layout& l) { l.buffers.clear(); }},
+      {"k_scale names buffer #5, which does not exist", [](Layout& l) { l.regions[1].buffer = 5; }},
+      {"v_data: the token mode's inner extent must be >= 1, got 0", [](Layout& l) { l.regions[2].token = Mode(0, 1, 4); }},
+      {"k_data: page stride 4611686018427387905 is beyond", [](Layout& l) { l.regions[0].page = kBig + 1; }},
+      {"v_scale: offset -4611686018427387905 is beyond", [](Layout& l) { l.regions[3].offset = -kBig - 1; }},
+      {"v_scale: inner column stride -4611686018427387905 is beyond",
+       [](Layout& l) { l.regions[3].column = Mode(2, -kBig - 1, 0); }},
+      {"k_data: offsets reach beyond 4611686018427387904 (2^62) bytes, the bound on any offset (largest term: page "
+       "2 x stride 3000000000000000000)",
+       [](Layout& l) { l.regions[0].page = 3000000000000000000; }},
+      {"k_scale: offsets reach beyond 4611686018427387904 (2^62) bytes, the bound on any offset (largest term: token "
+       "3 through mode (2,_):(-4600000000000000000,100000000000000000))",
+       [](Layout& l) { l.regions[1].token = Mode(2, -4600000000000000000, 100000000000000000); }},
+      {"layers 1099511627776 x pages 200000 x heads 2 x tokens per page 4 x elements per token and head 36 is more "
+       "than 4611686018427387904 (2^62) elements",
+       [](Layout& l) { l.dims.layers = int64_t(1) << 40, l.dims.pages = 200000; }},
+      {"layers 4611686018427387904 x pages 4611686018427387904 x heads 2",
+       [](Layout& l) { l.dims.layers = l.dims.pages = kBig; }},
+      {"buffer \"kv\" has size -1; a size lies in [0, 4611686018427387904 (2^62)]",
+       [](Layout& l) { l.buffers[0].bytes = -1; }},
+      {"the allocations over 2 layer(s) total more than 4611686018427387904 (2^62) bytes",
+       [](Layout& l) { l.buffers[0].bytes = kBig; }},
+      {"head dim must be a positive multiple of 16", [](Layout& l) { l.dims.head_dim = 0; }},
+  };
+  for (const auto& [want, mutate] : cases) {
+    Layout l = tiny();
+    mutate(l);
+    const std::string problem = evaluation_problem(l);
+    EXPECT_NE(problem.find(want), std::string::npos) << "want: " << want << "\n got: " << problem;
+    const CheckReport rep = check(l).report;
+    EXPECT_FALSE(rep.ok) << want;
+    ASSERT_EQ(rep.problems.size(), 1u) << want;  // nothing after the rule ran
+    EXPECT_EQ(rep.problems[0], problem);
+    EXPECT_EQ(error_of([&] { compare(l, l); }), "layout \"vllm-legacy-hnd-writer-sm12x\": " + problem);
+    EXPECT_EQ(error_of([&] { compare(tiny(), l); }).find("describe different caches"), std::string::npos);
+    EXPECT_EQ(error_of([&] { byte_map(l); }), "layout \"vllm-legacy-hnd-writer-sm12x\": " + problem);
+    EXPECT_THROW(validate(l), LayoutError);
+  }
+  // The rule is exact at its edge: 2^62 itself is a legal stride and offset.
+  Layout l = instantiate(preset_spec("vllm-legacy-hnd"), {1, 1, 1, 1, 16});
+  l.regions[0].page = kBig;
+  l.regions[3].offset = kBig - 1;
+  l.buffers[0].bytes = kBig;
+  EXPECT_EQ(evaluation_problem(l), "");
+  l.regions[3].column = Mode(1, 0, 1);
+  l.dims.head_dim = 32;  // two scale groups: v_scale's last one at 2^62
+  EXPECT_EQ(evaluation_problem(l).find("v_scale: offsets reach beyond"), std::string::npos);
+  l.regions[3].offset = kBig;
+  EXPECT_NE(evaluation_problem(l).find("v_scale: offsets reach beyond"), std::string::npos);
+}
+
+// The issue's reproducers at the library level: sizes whose offsets, totals or
+// counts leave 64 bits are refused when the layout is bound to them.
+TEST(EvaluationRule, InstantiateRefusesSizesBeyondTheBound) {
+  EXPECT_NE(error_of([] { instantiate(preset_spec("nvfp4kv-native"), {int64_t(1) << 40, 200000, 16, 8, 128}); })
+                .find("is more than 4611686018427387904 (2^62) elements, the bound on any count"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { instantiate(preset_spec("nvfp4kv-native"), {int64_t(1) << 62, 200000, 16, 8, 128}); })
+                .find("layers 4611686018427387904 x pages 200000"),
+            std::string::npos);
+  // A buffer without "bytes": its size comes from offsets, which must be computable first.
+  const LayoutSpec open = parse_layout_spec(R"({"name": "open", "buffers": [{"name": "kv"}],
+    "regions": {"k_data": {"page": "1000000000000", "head": 0, "token": 0, "column": 0},
+                "k_scale": {"page": 0, "head": 0, "token": 0, "column": 0},
+                "v_data": {"page": 0, "head": 0, "token": 0, "column": 0},
+                "v_scale": {"page": 0, "head": 0, "token": 0, "column": 0}}})");
+  EXPECT_NE(error_of([&] { instantiate(open, {1, int64_t(1) << 40, 1, 1, 16}); })
+                .find("k_data: offsets reach beyond 4611686018427387904 (2^62) bytes, the bound on any offset "
+                      "(largest term: page 1099511627775 x stride 1000000000000)"),
+            std::string::npos);
+  EXPECT_EQ(instantiate(open, {1, int64_t(1) << 20, 1, 1, 16}).buffers[0].bytes, ((int64_t(1) << 20) - 1) * 1000000000000 + 1);
+  // Totals: a per-layer buffer of 2^61 bytes over 3 layers.
+  std::string text = R"({"name": "big", "buffers": [{"name": "kv", "bytes": "2305843009213693952"}],
+    "regions": {"k_data": {"page": 0, "head": 0, "token": 0}, "k_scale": {"page": 0, "head": 0, "token": 0},
+                "v_data": {"page": 0, "head": 0, "token": 0}, "v_scale": {"page": 0, "head": 0, "token": 0}}})";
+  EXPECT_EQ(instantiate(parse_layout_spec(text), {2, 1, 1, 1, 16}).total_bytes(), kBig);
+  EXPECT_EQ(error_of([&] { instantiate(parse_layout_spec(text), {3, 1, 1, 1, 16}); }),
+            "layout \"big\": the allocations over 3 layer(s) total more than 4611686018427387904 (2^62) bytes, the "
+            "bound on any size; lower the sizes");
+}
+
+TEST(ByteMap, RefusesCoordinatesOutsideTheCacheAndPagesTooLargeToDraw) {
+  const Layout l = tiny();
+  EXPECT_EQ(error_of([&] { byte_map(l, 0, -1); }), "page -1 is outside the cache's [0, 3)");
+  EXPECT_EQ(error_of([&] { byte_map(l, 0, INT64_MAX); }), "page 9223372036854775807 is outside the cache's [0, 3)");
+  EXPECT_EQ(error_of([&] { byte_map(l, kBig, 0); }), "layer 4611686018427387904 is outside the cache's [0, 2)");
+  EXPECT_NE(byte_map(l, 1, 2).find("page 2 of layer 1"), std::string::npos);
+  const Layout wide = instantiate(preset_spec("vllm-legacy-hnd"), {1, 1, 16, 10000000, 128});
+  EXPECT_EQ(error_of([&] { byte_map(wide); }),
+            "the byte map of one page draws heads 10000000 x tokens per page 16 x 144 elements = 23040000000, more "
+            "than 8388608 (2^23), the bound on any enumeration; draw fewer heads or tokens per page");
+}
+
+}  // namespace
+}  // namespace nvfp4kv
