@@ -1,10 +1,14 @@
-// Writer vs reader: count, exactly and over every layer and page, the elements
-// two layouts place at different (buffer, byte). Offsets are affine in (layer,
-// page), so each (head, token, column) contributes a difference
-// delta + layer * dLayer + page * dPage, and the count of (layer, page) where
-// that is zero is found per distinct delta without visiting every page.
-#include <map>
+// Writer vs reader: count, exactly and over every layer, page and head, the
+// elements two layouts place at different (buffer, byte). Offsets are affine in
+// (layer, page, head), so each (token, column) contributes a difference
+// delta + layer * dLayer + page * dPage + head * dHead, and the (layer, page, head)
+// where that vanishes are counted per distinct delta in closed form (a linear
+// Diophantine equation in a box), without visiting every page or head.
+#include <algorithm>
+#include <array>
+#include <utility>
 #include <sstream>
+#include <vector>
 
 #include "nvfp4kv/core/layout.hpp"
 
@@ -27,20 +31,94 @@ void require_same_dims(const Layout& w, const Layout& r) {
 
 const std::string& buffer_name(const Layout& l, Region r) { return l.buffers.at(size_t(l.region(r).buffer)).name; }
 
-// (layer, page) pairs in [0, L) x [0, P) with layer * dl + page * dp == target.
-int64_t count_solutions(int64_t target, int64_t dl, int64_t dp, int64_t L, int64_t P) {
-  int64_t n = 0;
-  for (int64_t l = 0; l < L; ++l) {
-    const i128 rest = i128(target) - i128(l) * dl;
-    if (dp == 0) {
-      n += rest == 0 ? P : 0;
-    } else if (rest % dp == 0) {
-      const i128 page = rest / dp;
-      n += (page >= 0 && page < P) ? 1 : 0;
-    }
-    if (dl == 0) return n * L;  // every layer alike
+i128 floor_div(i128 a, i128 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }  // b > 0
+i128 ceil_div(i128 a, i128 b) { return -floor_div(-a, b); }                     // b > 0
+i128 mod(i128 a, i128 m) { return a - floor_div(a, m) * m; }                    // m > 0, result in [0, m)
+i128 gcd(i128 a, i128 b) {
+  a = a < 0 ? -a : a;
+  b = b < 0 ? -b : b;
+  while (b != 0) a = std::exchange(b, a % b);
+  return a;
+}
+
+// x in [0, m) with a * x == 1 (mod m), for gcd(a, m) == 1 (extended Euclid; |s| <= m).
+i128 inverse_mod(i128 a, i128 m) {
+  i128 r0 = m, r1 = mod(a, m), s0 = 0, s1 = 1;
+  while (r1 != 0) {
+    const i128 q = r0 / r1;
+    r0 = std::exchange(r1, r0 - q * r1);
+    s0 = std::exchange(s1, s0 - q * s1);
   }
+  return mod(s0, m);
+}
+
+// Pairs (x, y) in [0, X) x [0, Y) with a * x + b * y == t. Coefficients within
+// 2^63 and |t| within 2^64, so every product below stays inside 128 bits.
+i128 count_pairs(i128 t, i128 a, i128 X, i128 b, i128 Y) {
+  if (a == 0 && b == 0) return t == 0 ? X * Y : 0;
+  if (a == 0) {
+    std::swap(a, b);
+    std::swap(X, Y);
+  }
+  if (b == 0) return (t % a == 0 && t / a >= 0 && t / a < X) ? Y : 0;
+  const i128 g = gcd(a, b);
+  if (t % g != 0) return 0;
+  a /= g, b /= g, t /= g;
+  // x = x0 + k*m solves a*x == t (mod b); then y = y0 - k*s.
+  const i128 m = b < 0 ? -b : b;
+  const i128 x0 = mod(mod(t, m) * inverse_mod(a, m), m);
+  const i128 y0 = (t - a * x0) / b;
+  const i128 s = b < 0 ? -a : a;
+  i128 lo = ceil_div(-x0, m), hi = floor_div(X - 1 - x0, m);
+  if (s > 0) {
+    lo = std::max(lo, ceil_div(y0 - (Y - 1), s));
+    hi = std::min(hi, floor_div(y0, s));
+  } else {
+    lo = std::max(lo, ceil_div(-y0, -s));
+    hi = std::min(hi, floor_div(Y - 1 - y0, -s));
+  }
+  return hi >= lo ? hi - lo + 1 : 0;
+}
+
+// (l, p, h) in the box `extent` with l*c[0] + p*c[1] + h*c[2] == t. A dimension
+// whose coefficient is 0 multiplies the count; of three moving ones the shortest
+// is walked and the other two counted in closed form.
+struct Box {
+  i128 coef[3];
+  int64_t extent[3];
+};
+
+// Steps count_in_box takes per call: 1, or the walked extent.
+int64_t walk_steps(const Box& b) {
+  int moving = 0;
+  int64_t shortest = INT64_MAX;
+  for (int i = 0; i < 3; ++i)
+    if (b.coef[i] != 0 && b.extent[i] > 1) ++moving, shortest = std::min(shortest, b.extent[i]);
+  return moving == 3 ? shortest : 1;
+}
+
+i128 count_in_box(i128 t, const Box& b) {
+  i128 factor = 1;
+  std::vector<int> moving;
+  for (int i = 0; i < 3; ++i) {
+    if (b.coef[i] == 0 || b.extent[i] == 1) factor *= b.extent[i];
+    else moving.push_back(i);
+  }
+  if (moving.empty()) return t == 0 ? factor : 0;
+  if (moving.size() == 1) return factor * count_pairs(t, b.coef[moving[0]], b.extent[moving[0]], 0, 1);
+  if (moving.size() == 2)
+    return factor * count_pairs(t, b.coef[moving[0]], b.extent[moving[0]], b.coef[moving[1]], b.extent[moving[1]]);
+  const int w = int(std::min_element(b.extent, b.extent + 3) - b.extent);
+  const int u = (w + 1) % 3, v = (w + 2) % 3;
+  i128 n = 0;
+  for (int64_t x = 0; x < b.extent[w]; ++x)
+    n += count_pairs(t - b.coef[w] * x, b.coef[u], b.extent[u], b.coef[v], b.extent[v]);
   return n;
+}
+
+std::string too_large(const std::string& what, i128 steps) {
+  return "compare would take " + what + " = " + std::to_string(int64_t(steps)) + " steps, more than " +
+         std::to_string(kMaxEnumerated) + " (2^23), the bound on any enumeration";
 }
 
 }  // namespace
@@ -50,6 +128,14 @@ CompareReport compare(const Layout& writer, const Layout& reader, int max_exampl
   require_evaluable(reader);
   require_same_dims(writer, reader);
   const CacheDims& d = writer.dims;
+  // The work, bounded up front: each region's (token, column) plane is enumerated,
+  // then each distinct difference counted.
+  for (Region r : kAllRegions)
+    if (d.tokens_per_page * d.columns(r) > kMaxEnumerated)
+      throw LayoutError(too_large("tokens per page " + std::to_string(d.tokens_per_page) + " x " +
+                                      std::to_string(d.columns(r)) + " columns of " + region_name(r),
+                                  i128(d.tokens_per_page) * d.columns(r)) +
+                        "; compare fewer tokens per page");
   CompareReport rep;
   for (Region r : kAllRegions) {
     const int64_t total = d.layers * d.pages * d.heads * d.tokens_per_page * d.columns(r);
@@ -59,23 +145,42 @@ CompareReport compare(const Layout& writer, const Layout& reader, int max_exampl
       continue;
     }
     const RegionMap &mw = writer.region(r), &mr = reader.region(r);
+    std::vector<int64_t> deltas;  // (tokens, columns): writer byte - reader byte at layer, page, head 0
+    deltas.reserve(size_t(d.tokens_per_page * d.columns(r)));
+    for (Coord c; c.token < d.tokens_per_page; ++c.token)
+      for (c.column = 0; c.column < d.columns(r); ++c.column) deltas.push_back(writer.offset(r, c) - reader.offset(r, c));
+    std::sort(deltas.begin(), deltas.end());
+    // One allocation for all layers vs one per layer: only layer 0 can land in the same place.
     const bool w_layers = !writer.buffers[size_t(mw.buffer)].per_layer;
     const bool r_layers = !reader.buffers[size_t(mr.buffer)].per_layer;
-    std::map<int64_t, int64_t> deltas;
-    for (Coord c; c.head < d.heads; ++c.head)
-      for (c.token = 0; c.token < d.tokens_per_page; ++c.token)
-        for (c.column = 0; c.column < d.columns(r); ++c.column) ++deltas[writer.offset(r, c) - reader.offset(r, c)];
-    const int64_t dl = mw.layer - mr.layer, dp = mw.page - mr.page;
-    // One allocation for all layers vs one per layer: only layer 0 can land in the same place.
-    const int64_t layers = (w_layers != r_layers) ? 1 : d.layers;
-    int64_t agree = 0;
-    for (auto [delta, count] : deltas) agree += count * count_solutions(-delta, dl, dp, layers, d.pages);
-    rep.misplaced_per_region[size_t(r)] = total - agree;
+    const Box box{{i128(mw.layer) - mr.layer, i128(mw.page) - mr.page, i128(mw.head) - mr.head},
+                  {w_layers != r_layers ? 1 : d.layers, d.pages, d.heads}};
+    i128 distinct = 1;
+    for (size_t i = 1; i < deltas.size(); ++i) distinct += deltas[i] != deltas[i - 1];
+    if (distinct * walk_steps(box) > kMaxEnumerated)
+      throw LayoutError(too_large(std::to_string(int64_t(distinct)) + " distinct offset differences of " +
+                                      region_name(r) + " x " + std::to_string(walk_steps(box)) +
+                                      " (the fewest of its layers, pages and heads)",
+                                  distinct * walk_steps(box)) +
+                        "; compare fewer layers, pages or heads");
+    i128 agree = 0;
+    for (auto it = deltas.begin(); it != deltas.end();) {
+      const auto run = std::upper_bound(it, deltas.end(), *it);
+      agree += i128(run - it) * count_in_box(-i128(*it), box);
+      it = run;
+    }
+    rep.misplaced_per_region[size_t(r)] = total - int64_t(agree);
   }
   for (int64_t m : rep.misplaced_per_region) rep.misplaced += m;
   rep.agree = rep.misplaced == 0;
   // The first few, in (layer, page, region, head, token, column) order; bounded work.
-  int64_t budget = int64_t(1) << 24;
+  std::array<bool, kRegionCount> same_buffer{}, same_allocation_kind{};
+  for (Region r : kAllRegions) {
+    same_buffer[size_t(r)] = buffer_name(writer, r) == buffer_name(reader, r);
+    same_allocation_kind[size_t(r)] = writer.buffers[size_t(writer.region(r).buffer)].per_layer ==
+                                      reader.buffers[size_t(reader.region(r).buffer)].per_layer;
+  }
+  int64_t budget = kMaxEnumerated;
   for (Coord c; c.layer < d.layers && rep.examples.size() < size_t(max_examples) && budget > 0 && !rep.agree; ++c.layer)
     for (c.page = 0; c.page < d.pages && rep.examples.size() < size_t(max_examples) && budget > 0; ++c.page)
       for (Region r : kAllRegions)
@@ -84,8 +189,8 @@ CompareReport compare(const Layout& writer, const Layout& reader, int max_exampl
             for (c.column = 0; c.column < d.columns(r); ++c.column) {
               if (rep.examples.size() >= size_t(max_examples) || --budget <= 0) goto done;
               const int64_t wb = writer.offset(r, c), rb = reader.offset(r, c);
-              if (wb != rb || buffer_name(writer, r) != buffer_name(reader, r))
-                rep.examples.push_back({r, c, buffer_name(writer, r), buffer_name(reader, r), wb, rb});
+              const bool together = same_buffer[size_t(r)] && (same_allocation_kind[size_t(r)] || c.layer == 0);
+              if (wb != rb || !together) rep.examples.push_back({r, c, buffer_name(writer, r), buffer_name(reader, r), wb, rb});
             }
 done:
   return rep;
@@ -94,16 +199,16 @@ done:
 std::string CompareReport::summary(const std::string& w, const std::string& r) const {
   std::ostringstream s;
   if (agree) {
-    s << "agree: \"" << w << "\" and \"" << r << "\" place all " << elements << " elements at the same bytes";
+    s << "agree: " << quote_text(w) << " and " << quote_text(r) << " place all " << elements << " elements at the same bytes";
     return s.str();
   }
-  s << "DISAGREE: \"" << w << "\" (writer) and \"" << r << "\" (reader) place " << misplaced << " of " << elements
+  s << "DISAGREE: " << quote_text(w) << " (writer) and " << quote_text(r) << " (reader) place " << misplaced << " of " << elements
     << " elements differently (";
   for (Region reg : kAllRegions)
     s << region_name(reg) << " " << misplaced_per_region[size_t(reg)] << (reg == Region::kVScale ? ")" : ", ");
   for (const Misplacement& m : examples)
-    s << "\n  " << describe_element(m.region, m.coord) << ": writer byte " << m.writer_byte << " of \"" << m.writer_buffer
-      << "\", reader byte " << m.reader_byte << " of \"" << m.reader_buffer << "\"";
+    s << "\n  " << describe_element(m.region, m.coord) << ": writer byte " << m.writer_byte << " of "
+      << quote_text(m.writer_buffer) << ", reader byte " << m.reader_byte << " of " << quote_text(m.reader_buffer);
   return s.str();
 }
 

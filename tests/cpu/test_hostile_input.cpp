@@ -123,5 +123,13 @@ TEST(ByteMap, RefusesCoordinatesOutsideTheCacheAndPagesTooLargeToDraw) {
             "than 8388608 (2^23), the bound on any enumeration; draw fewer heads or tokens per page");
 }
 
+TEST(Compare, RefusesPlanesTooLargeToEnumerate) {
+  const Layout l = instantiate(preset_spec("vllm-legacy-hnd"), {1, 1, 1 << 18, 1, 128});
+  EXPECT_NE(error_of([&] { compare(l, l); })
+                .find("compare would take tokens per page 262144 x 64 columns of k_data = 16777216 steps, more than "
+                      "8388608 (2^23)"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace nvfp4kv
