@@ -14,14 +14,17 @@ class Parser {
   int64_t parse() {
     const int64_t v = sum();
     skip_space();
-    if (pos_ != text_.size()) fail("unexpected '" + std::string(1, text_[pos_]) + "'");
+    if (pos_ != text_.size()) fail("unexpected " + quote_text(text_.substr(pos_, 1)));
     return v;
   }
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
-    throw LayoutError("expression \"" + std::string(text_) + "\": " + what + " at character " +
-                      std::to_string(pos_ + 1));
+    throw LayoutError("expression " + quote_text(text_) + ": " + what + " at character " + std::to_string(pos_ + 1));
+  }
+  // Parentheses and unary minus recurse; both count against one depth.
+  void enter() {
+    if (++depth_ > kMaxDepth) fail("nested more than " + std::to_string(kMaxDepth) + " levels deep");
   }
   void skip_space() {
     while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
@@ -52,7 +55,7 @@ class Parser {
     return r;
   }
   int64_t sum() {
-    if (++depth_ > 64) fail("nested too deeply");
+    enter();
     int64_t v = product();
     for (;;) {
       if (eat('+')) v = add(v, product());
@@ -84,7 +87,9 @@ class Parser {
   }
   int64_t unary() {
     if (eat('-')) {
+      enter();
       const int64_t v = unary();
+      --depth_;
       if (v == INT64_MIN) fail("integer overflow");
       return -v;
     }
@@ -115,18 +120,19 @@ class Parser {
       const auto v = lookup_(name);
       if (!v) {
         pos_ = start;
-        fail("unknown or open size '" + std::string(name) +
-             "' (known: L P N H D dd sd F; an open size must be given, e.g. --heads)");
+        fail("unknown or open size " + quote_text(name) +
+             " (known: L P N H D dd sd F; an open size must be given, e.g. --heads)");
       }
       return *v;
     }
-    fail("unexpected '" + std::string(1, c) + "'");
+    fail("unexpected " + quote_text(std::string_view(&text_[pos_], 1)));
   }
 
   std::string_view text_;
   const SymbolLookup& lookup_;
   size_t pos_ = 0;
   int depth_ = 0;
+  static constexpr int kMaxDepth = 64;
 };
 
 }  // namespace

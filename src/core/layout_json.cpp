@@ -1,7 +1,10 @@
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <set>
 
 #include "nvfp4kv/core/expr.hpp"
 #include "nvfp4kv/core/layout.hpp"
@@ -12,21 +15,119 @@ namespace {
 
 using json = nlohmann::json;
 
+// Bounds on layout text: a layout is a few KiB and nests 5 levels deep.
+constexpr size_t kMaxTextBytes = size_t(1) << 20;
+constexpr size_t kMaxDepth = 32;
+constexpr size_t kMaxNameBytes = 128;
+
+// A value as an error message shows it: compact JSON, ASCII only, cut short.
+std::string excerpt(const json& v) {
+  std::string text = v.dump(-1, ' ', true);
+  if (text.size() > 60) text = text.substr(0, 60) + "... (" + std::to_string(text.size()) + " characters)";
+  return text;
+}
+
+// Where a value sits: "regions.k_data.page", "buffers[1].name".
+struct JsonPath {
+  struct Step {
+    bool object;
+    std::string key;    // the current key of an object
+    size_t index = 0;   // the current element of an array
+    std::set<std::string, std::less<>> keys;  // keys seen so far in an object
+  };
+  std::vector<Step> steps;
+
+  std::string text(size_t depth) const {
+    std::string out = "layout";
+    for (size_t i = 0; i < depth; ++i) {
+      const Step& s = steps[i];
+      out += s.object ? "." + (s.key.size() > kMaxNameBytes ? quote_text(s.key) : s.key) : "[" + std::to_string(s.index) + "]";
+    }
+    return out;
+  }
+  std::string here() const { return text(steps.size()); }
+  void element_done() {
+    if (!steps.empty() && !steps.back().object) ++steps.back().index;
+  }
+};
+
+// nlohmann's parser keeps the last of two equal keys and turns integers past
+// int64 into unsigned or float values; every dump of a value recurses. This
+// parse refuses both and any text too large or nested too deep for a layout,
+// naming the place.
+json parse_strict(std::string_view text) {
+  if (text.size() > kMaxTextBytes)
+    throw LayoutError("layout text is more than " + std::to_string(kMaxTextBytes) + " bytes (1 MiB), the bound on a layout");
+  JsonPath path;
+  const json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
+    using E = json::parse_event_t;
+    switch (event) {
+      case E::object_start:
+      case E::array_start:
+        if (path.steps.size() >= kMaxDepth)
+          throw LayoutError(path.here() + ": nested more than " + std::to_string(kMaxDepth) + " levels deep");
+        path.steps.push_back({event == E::object_start, "", 0, {}});
+        break;
+      case E::key: {
+        auto& step = path.steps.back();
+        std::string key = parsed.get<std::string>();
+        if (!step.keys.insert(key).second)
+          throw LayoutError(path.text(path.steps.size() - 1) + ": key " + quote_text(key) +
+                            " appears twice (a layout never takes one of two values silently)");
+        step.key = std::move(key);
+        break;
+      }
+      case E::object_end:
+      case E::array_end:
+        path.steps.pop_back();
+        path.element_done();
+        break;
+      case E::value:
+        if ((parsed.is_number_unsigned() && parsed.get<uint64_t>() > uint64_t(INT64_MAX)) ||
+            (parsed.is_number_float() && std::abs(parsed.get<double>()) >= 0x1p63))
+          throw LayoutError(path.here() + ": " + excerpt(parsed) +
+                            " is outside the 64-bit signed integers a layout holds");
+        path.element_done();
+        break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(text, check);
+  } catch (const json::exception& e) {
+    std::string what = e.what();  // names the position; its "last read" may quote a long token
+    if (what.size() > 200) what = what.substr(0, 200) + "...";
+    throw LayoutError("layout text is not valid JSON: " + what);
+  }
+}
+
+// A name (of the layout, a buffer, a let): one short line.
+std::string name_value(const json& v, const std::string& where) {
+  if (!v.is_string()) throw LayoutError(where + ": expected a name (a string), got " + excerpt(v));
+  std::string name = v.get<std::string>();
+  bool control = false;
+  for (const char c : name) control |= static_cast<unsigned char>(c) < 0x20 || c == 0x7F;
+  if (name.empty() || name.size() > kMaxNameBytes || control)
+    throw LayoutError(where + ": " + quote_text(name) + " is not a name: 1 to " + std::to_string(kMaxNameBytes) +
+                      " bytes without control characters");
+  return name;
+}
+
 std::string expr_text(const json& v, const std::string& where) {
   if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
   if (v.is_string()) return v.get<std::string>();
-  throw LayoutError(where + ": expected an integer or an expression string, got " + v.dump());
+  throw LayoutError(where + ": expected an integer or an expression string, got " + excerpt(v));
 }
 
 void require_keys(const json& obj, std::initializer_list<const char*> allowed, const std::string& where) {
-  if (!obj.is_object()) throw LayoutError(where + ": expected an object, got " + obj.dump());
+  if (!obj.is_object()) throw LayoutError(where + ": expected an object, got " + excerpt(obj));
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     bool known = false;
     for (const char* k : allowed) known |= it.key() == k;
     if (!known) {
       std::string list;
       for (const char* k : allowed) list += std::string(list.empty() ? "" : ", ") + k;
-      throw LayoutError(where + ": unknown key \"" + it.key() + "\" (allowed: " + list + ")");
+      throw LayoutError(where + ": unknown key " + quote_text(it.key()) + " (allowed: " + list + ")");
     }
   }
 }
@@ -41,7 +142,7 @@ LayoutSpec::ModeSpec mode_spec(const json& v, const std::string& where) {
   }
   require_keys(v, {"inner", "stride"}, where);
   if (!v.contains("inner") || !v.contains("stride") || !v["stride"].is_array() || v["stride"].size() != 2)
-    throw LayoutError(where + ": a nested mode is {\"inner\": E, \"stride\": [inner stride, stride]}, got " + v.dump());
+    throw LayoutError(where + ": a nested mode is {\"inner\": E, \"stride\": [inner stride, stride]}, got " + excerpt(v));
   m.inner = expr_text(v["inner"], where + ".inner");
   m.inner_stride = expr_text(v["stride"][0], where + ".stride[0]");
   m.stride = expr_text(v["stride"][1], where + ".stride[1]");
@@ -58,7 +159,7 @@ Provenance provenance_of(const json& v) {
       return "";
     }
     if (!v[key].is_string() || v[key].get<std::string>().empty())
-      throw LayoutError(std::string("provenance.") + key + ": expected non-empty text, got " + v[key].dump());
+      throw LayoutError(std::string("provenance.") + key + ": expected non-empty text, got " + excerpt(v[key]));
     return v[key].get<std::string>();
   };
   const auto lines = [&](const char* key) {
@@ -67,7 +168,7 @@ Provenance provenance_of(const json& v) {
     std::vector<std::string> out;
     for (const json& e : v[key]) {
       if (!e.is_string() || e.get<std::string>().empty())
-        throw LayoutError(std::string("provenance.") + key + ": expected non-empty text, got " + e.dump());
+        throw LayoutError(std::string("provenance.") + key + ": expected non-empty text, got " + excerpt(e));
       out.push_back(e.get<std::string>());
     }
     return out;
@@ -79,23 +180,18 @@ Provenance provenance_of(const json& v) {
 std::optional<int64_t> dim_value(const json& dims, const char* key) {
   if (!dims.contains(key)) return std::nullopt;
   const json& v = dims[key];
-  if (!v.is_number_integer()) throw LayoutError(std::string("dims.") + key + ": expected an integer, got " + v.dump());
+  if (!v.is_number_integer()) throw LayoutError(std::string("dims.") + key + ": expected an integer, got " + excerpt(v));
   return v.get<int64_t>();
 }
 
 }  // namespace
 
 LayoutSpec parse_layout_spec(std::string_view text) {
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::exception& e) {
-    throw LayoutError(std::string("layout text is not valid JSON: ") + e.what());
-  }
+  const json doc = parse_strict(text);
   require_keys(doc, {"name", "summary", "source", "provenance", "dims", "let", "buffers", "regions"}, "layout");
   LayoutSpec spec;
-  if (!doc.contains("name") || !doc["name"].is_string()) throw LayoutError("layout: \"name\" (a string) is required");
-  spec.name = doc["name"].get<std::string>();
+  if (!doc.contains("name")) throw LayoutError("layout: \"name\" (a string) is required");
+  spec.name = name_value(doc["name"], "layout.name");
   if (doc.contains("summary")) {
     if (!doc["summary"].is_string()) throw LayoutError("layout: \"summary\" must be a string");
     spec.summary = doc["summary"].get<std::string>();
@@ -111,21 +207,31 @@ LayoutSpec parse_layout_spec(std::string_view text) {
     const json& lets = doc["let"];
     if (!lets.is_array()) throw LayoutError("let: expected an array of [name, expression] pairs");
     for (const json& kv : lets) {
-      if (!kv.is_array() || kv.size() != 2 || !kv[0].is_string())
-        throw LayoutError("let: each entry is [\"NAME\", expression], got " + kv.dump());
-      spec.lets.emplace_back(kv[0].get<std::string>(), expr_text(kv[1], "let " + kv[0].get<std::string>()));
+      if (!kv.is_array() || kv.size() != 2)
+        throw LayoutError("let: each entry is [\"NAME\", expression], got " + excerpt(kv));
+      const std::string name = name_value(kv[0], "let");
+      const bool identifier = !std::isdigit(static_cast<unsigned char>(name[0])) &&
+                              std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+      if (!identifier)
+        throw LayoutError("let " + quote_text(name) + ": a name is letters, digits and _, not starting with a digit");
+      spec.lets.emplace_back(name, expr_text(kv[1], "let " + name));
     }
   }
   if (!doc.contains("buffers") || !doc["buffers"].is_array() || doc["buffers"].empty())
     throw LayoutError("layout: \"buffers\" (a non-empty array) is required");
+  if (doc["buffers"].size() > size_t(kMaxBuffers))
+    throw LayoutError("buffers: " + std::to_string(doc["buffers"].size()) + " buffers; a layout has at most " +
+                      std::to_string(kMaxBuffers) + " (a cache hands kernels " + std::to_string(kMaxBuffers) + " base pointers)");
   for (const json& b : doc["buffers"]) {
     require_keys(b, {"name", "bytes", "per_layer"}, "buffer");
     LayoutSpec::BufferSpec bs;
-    if (!b.contains("name") || !b["name"].is_string()) throw LayoutError("buffer: \"name\" (a string) is required");
-    bs.name = b["name"].get<std::string>();
-    if (b.contains("bytes")) bs.bytes = expr_text(b["bytes"], "buffer " + bs.name + " bytes");
+    if (!b.contains("name")) throw LayoutError("buffer: \"name\" (a string) is required");
+    bs.name = name_value(b["name"], "buffer");
+    for (const auto& other : spec.buffers)
+      if (other.name == bs.name) throw LayoutError("buffer " + quote_text(bs.name) + " is declared twice");
+    if (b.contains("bytes")) bs.bytes = expr_text(b["bytes"], "buffer " + quote_text(bs.name) + " bytes");
     if (b.contains("per_layer")) {
-      if (!b["per_layer"].is_boolean()) throw LayoutError("buffer " + bs.name + ": per_layer must be true or false");
+      if (!b["per_layer"].is_boolean()) throw LayoutError("buffer " + quote_text(bs.name) + ": per_layer must be true or false");
       bs.per_layer = b["per_layer"].get<bool>();
     } else {
       bs.per_layer = true;
@@ -142,8 +248,7 @@ LayoutSpec parse_layout_spec(std::string_view text) {
     require_keys(j, {"buffer", "offset", "layer", "page", "token", "head", "column"}, rn);
     LayoutSpec::RegionSpec& rs = spec.regions[size_t(r)];
     if (j.contains("buffer")) {
-      if (!j["buffer"].is_string()) throw LayoutError(rn + ".buffer must be a buffer name");
-      rs.buffer = j["buffer"].get<std::string>();
+      rs.buffer = name_value(j["buffer"], rn + ".buffer");
     } else if (spec.buffers.size() == 1) {
       rs.buffer = spec.buffers[0].name;
     } else {
@@ -175,7 +280,7 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
   std::string open;
   for (auto [v, flag] : {std::pair{P, "--pages"}, {N, "--tokens-per-page"}, {H, "--heads"}, {D, "--head-dim"}})
     if (!v) open += std::string(open.empty() ? "" : ", ") + flag;
-  if (!open.empty()) throw LayoutError("layout \"" + spec.name + "\" leaves sizes open: give " + open);
+  if (!open.empty()) throw LayoutError("layout " + quote_text(spec.name) + " leaves sizes open: give " + open);
   l.dims = {*L, *P, *N, *H, *D};
   if (const std::string p = dims_problem(l.dims); !p.empty()) throw LayoutError(p);
   std::map<std::string, int64_t, std::less<>> symbols = {
@@ -194,8 +299,8 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
     }
   };
   for (const auto& [name, text] : spec.lets) {
-    if (symbols.count(name)) throw LayoutError("let " + name + ": the name is already defined");
-    symbols[name] = eval(text, "let " + name);
+    if (symbols.count(name)) throw LayoutError("let " + quote_text(name) + ": the name is already defined");
+    symbols[name] = eval(text, "let " + quote_text(name));
   }
   for (const auto& bs : spec.buffers) l.buffers.push_back({bs.name, 0, bs.per_layer});
   for (Region r : kAllRegions) {
@@ -205,10 +310,10 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
     m.buffer = -1;
     for (size_t i = 0; i < spec.buffers.size(); ++i)
       if (spec.buffers[i].name == rs.buffer) m.buffer = int32_t(i);
-    if (m.buffer < 0) throw LayoutError(rn + " names buffer \"" + rs.buffer + "\", which the layout does not declare");
+    if (m.buffer < 0) throw LayoutError(rn + " names buffer " + quote_text(rs.buffer) + ", which the layout does not declare");
     const bool per_layer = spec.buffers[size_t(m.buffer)].per_layer;
     if (rs.layer.empty() && !per_layer)
-      throw LayoutError(rn + ": buffer \"" + rs.buffer + "\" holds all layers (per_layer false), so a \"layer\" stride is required");
+      throw LayoutError(rn + ": buffer " + quote_text(rs.buffer) + " holds all layers (per_layer false), so a \"layer\" stride is required");
     m.offset = eval(rs.offset, rn + ".offset");
     m.layer = rs.layer.empty() ? 0 : eval(rs.layer, rn + ".layer");
     m.page = eval(rs.page, rn + ".page");
@@ -274,18 +379,20 @@ std::string to_json(const Layout& l) {
 
 LayoutSpec load_spec(std::string_view name_or_path) {
   if (is_preset_name(name_or_path)) return preset_spec(name_or_path);
-  std::ifstream in{std::string(name_or_path)};
+  std::ifstream in{std::string(name_or_path), std::ios::binary};
   if (!in) {
     std::string names;
     for (const PresetInfo& p : list_presets()) names += " " + p.name;
-    throw LayoutError("\"" + std::string(name_or_path) + "\" is neither a preset nor a readable file; presets:" + names);
+    throw LayoutError(quote_text(name_or_path) + " is neither a preset nor a readable file; presets:" + names);
   }
-  std::ostringstream text;
-  text << in.rdbuf();
+  // One byte past the bound is enough to refuse; never read a device or a pipe without end.
+  std::string text(kMaxTextBytes + 1, '\0');
+  in.read(text.data(), std::streamsize(text.size()));
+  text.resize(size_t(in.gcount()));
   try {
-    return parse_layout_spec(text.str());
+    return parse_layout_spec(text);
   } catch (const LayoutError& e) {
-    throw LayoutError(std::string(name_or_path) + ": " + e.what());
+    throw LayoutError(quote_text(name_or_path) + ": " + e.what());
   }
 }
 

@@ -5,6 +5,8 @@
 
 #include <functional>
 
+#include "nvfp4kv/core/expr.hpp"
+
 #include "nvfp4kv/core/layout.hpp"
 
 namespace nvfp4kv {
@@ -129,6 +131,130 @@ TEST(Compare, RefusesPlanesTooLargeToEnumerate) {
                 .find("compare would take tokens per page 262144 x 64 columns of k_data = 16777216 steps, more than "
                       "8388608 (2^23)"),
             std::string::npos);
+}
+
+
+// A one-line layout to edit: every test below changes one thing in it.
+const std::string kText =
+    R"({"name": "t", "dims": {"pages": 2, "heads": 1, "head_dim": 32, "tokens_per_page": 4},)"
+    R"( "buffers": [{"name": "kv", "bytes": "P*2*H*N*F"}], "regions": {)"
+    R"( "k_data": {"page": "2*H*N*F", "head": "N*dd", "token": "dd"},)"
+    R"( "k_scale": {"offset": "H*N*dd", "page": "2*H*N*F", "head": "N*sd", "token": "sd"},)"
+    R"( "v_data": {"offset": "H*N*F", "page": "2*H*N*F", "head": "N*dd", "token": "dd"},)"
+    R"( "v_scale": {"offset": "H*N*F + H*N*dd", "page": "2*H*N*F", "head": "N*sd", "token": "sd"}}})";
+
+std::string with(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return text.replace(at, from.size(), to);
+}
+
+std::string load_error(const std::string& text) {
+  return error_of([&] { instantiate(parse_layout_spec(text), {}); });
+}
+
+// Every refusal is one short line, whatever the input echoed.
+void expect_one_short_line(const std::string& message) {
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  EXPECT_LT(message.size(), 400u) << message;
+}
+
+TEST(StrictText, TheBaseTextLoads) {
+  EXPECT_EQ(load_error(kText), "accepted");
+  EXPECT_TRUE(check(instantiate(parse_layout_spec(kText), {})).report.ok);
+}
+
+TEST(StrictText, DuplicateKeysAreErrorsNamingKeyAndPlace) {
+  const std::string twice_page = with(kText, R"("page": "2*H*N*F", "head": "N*dd", "token": "dd"},)",
+                                      R"("page": 72, "page": 1, "head": "N*dd", "token": "dd"},)");
+  EXPECT_EQ(load_error(twice_page),
+            "layout.regions.k_data: key \"page\" appears twice (a layout never takes one of two values silently)");
+  const std::string twice_region = with(kText, R"( "k_data": {)", R"( "k_data": {"page": 0, "head": 0, "token": 0}, "k_data": {)");
+  EXPECT_EQ(load_error(twice_region).rfind("layout.regions: key \"k_data\" appears twice", 0), 0u) << load_error(twice_region);
+  EXPECT_EQ(load_error(with(kText, R"("name": "t",)", R"("name": "t", "name": "u",)")).rfind("layout: key \"name\" appears twice", 0), 0u);
+  // The same key in two different objects is fine.
+  EXPECT_EQ(load_error(kText).find("twice"), std::string::npos);
+  // Array elements are named by index.
+  EXPECT_EQ(load_error(with(kText, R"([{"name": "kv", "bytes": "P*2*H*N*F"}])",
+                            R"([{"name": "kv", "bytes": "P*2*H*N*F", "bytes": 1}])")).rfind("layout.buffers[0]: key \"bytes\"", 0),
+            0u);
+}
+
+TEST(StrictText, IntegersOutsideInt64AreErrorsNamingThePlace) {
+  const std::string page = R"("page": "2*H*N*F", "head": "N*dd", "token": "dd"},)";
+  const auto with_page = [&](const std::string& v) { return with(kText, page, R"("page": )" + v + R"(, "head": "N*dd", "token": "dd"},)"); };
+  EXPECT_EQ(load_error(with_page("18446744073709551615")),
+            "layout.regions.k_data.page: 18446744073709551615 is outside the 64-bit signed integers a layout holds");
+  EXPECT_EQ(load_error(with_page("18446744073709551616")),
+            "layout.regions.k_data.page: 1.8446744073709552e+19 is outside the 64-bit signed integers a layout holds");
+  EXPECT_EQ(load_error(with_page("9223372036854775808")).find("9223372036854775808 is outside"), 28u);
+  EXPECT_NE(load_error(with_page("-9223372036854775809")).find("is outside the 64-bit signed integers"), std::string::npos);
+  EXPECT_NE(load_error(with(kText, R"("pages": 2)", R"("pages": 1e300)")).find("layout.dims.pages: 1e+300 is outside"),
+            std::string::npos);
+  // Inside int64 a number is taken as it is, and the evaluation rule bounds it; -2^63 itself
+  // cannot be negated back from its text and is refused as an overflow.
+  EXPECT_EQ(load_error(with_page("-9223372036854775807")),
+            "layout \"t\": k_data: page stride -9223372036854775807 is beyond +-4611686018427387904 (2^62), the bound "
+            "on any offset");
+  EXPECT_EQ(load_error(with_page("-9223372036854775808")),
+            "k_data.page: expression \"-9223372036854775808\": integer overflow at character 20");
+  EXPECT_EQ(load_error(with_page("1.5")), "k_data.page: expected an integer or an expression string, got 1.5");
+}
+
+TEST(StrictText, NestingAndSizeAreBounded) {
+  // The issue's 200 KB file: 100000 nested arrays where a buffer belongs.
+  const std::string deep = R"({"name":"t","buffers":[)" + std::string(100000, '[') + std::string(100000, ']') + "]}";
+  EXPECT_EQ(load_error(deep), "layout.buffers[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]"
+                              "[0][0][0][0][0][0][0]: nested more than 32 levels deep");
+  std::string nested_objects;
+  for (int i = 0; i < 40; ++i) nested_objects += R"({"a":)";
+  EXPECT_NE(load_error(nested_objects).find("nested more than 32 levels deep"), std::string::npos);
+  EXPECT_EQ(load_error(std::string((size_t(1) << 20) + 1, ' ')), "layout text is more than 1048576 bytes (1 MiB), the bound on a layout");
+  // A long unterminated string: the parser's message quotes it; the echo is cut.
+  const std::string message = load_error(R"({"name": ")" + std::string(100000, 'x'));
+  EXPECT_EQ(message.rfind("layout text is not valid JSON", 0), 0u);
+  expect_one_short_line(message);
+}
+
+TEST(StrictText, ExpressionsBoundTheirRecursionAndCutTheirEcho) {
+  const auto none = [](std::string_view) -> std::optional<int64_t> { return std::nullopt; };
+  const std::string minus = std::string(200000, '-') + "1";
+  const std::string message = error_of([&] { evaluate_expression(minus, none); });
+  EXPECT_EQ(message, "expression \"------------------------------------------------\"... (200001 characters): nested more "
+                     "than 64 levels deep at character 65");
+  EXPECT_EQ(evaluate_expression(std::string(62, '-') + "7", none), 7);
+  EXPECT_EQ(evaluate_expression(std::string(63, '-') + "7", none), -7);
+  EXPECT_THROW(evaluate_expression(std::string(64, '-') + "7", none), LayoutError);
+  EXPECT_EQ(evaluate_expression("- -(-(1))", none), -1);
+  EXPECT_NE(error_of([&] { evaluate_expression(std::string(65, '(') + "1" + std::string(65, ')'), none); }).find("nested more than 64"),
+            std::string::npos);
+  // In a layout file, the same refusal names the stride.
+  const std::string text = with(kText, R"("page": "2*H*N*F", "head": "N*dd")", R"("page": ")" + minus + R"(", "head": "N*dd")");
+  EXPECT_EQ(load_error(text).rfind("k_data.page: expression \"---", 0), 0u) << load_error(text);
+  expect_one_short_line(load_error(text));
+}
+
+TEST(StrictText, NamesAreShortSingleLinesAndBuffersFitTheApi) {
+  const std::string long_name = with(kText, R"("name": "t")", R"("name": ")" + std::string(100000, 'n') + R"(")");
+  EXPECT_EQ(load_error(long_name),
+            "layout.name: \"nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn\"... (100000 characters) is not a name: 1 to 128 "
+            "bytes without control characters");
+  EXPECT_EQ(load_error(with(kText, R"("name": "t")", R"("name": "a\nb")")),
+            "layout.name: \"a\\x0ab\" is not a name: 1 to 128 bytes without control characters");
+  EXPECT_NE(load_error(with(kText, R"("name": "t")", R"("name": "")")).find("is not a name"), std::string::npos);
+  std::string nine = R"([{"name": "kv", "bytes": "P*2*H*N*F"})";
+  for (int i = 0; i < 8; ++i) nine += R"(, {"name": "b)" + std::to_string(i) + R"("})";
+  EXPECT_EQ(load_error(with(kText, R"([{"name": "kv", "bytes": "P*2*H*N*F"}])", nine + "]")),
+            "buffers: 9 buffers; a layout has at most 8 (a cache hands kernels 8 base pointers)");
+  EXPECT_EQ(load_error(with(kText, R"([{"name": "kv", "bytes": "P*2*H*N*F"}])",
+                            R"([{"name": "kv", "bytes": 1}, {"name": "kv", "bytes": 2}])")),
+            "buffer \"kv\" is declared twice");
+  EXPECT_EQ(load_error(with(kText, R"("dims")", R"("let": [["2x", 1]], "dims")")),
+            "let \"2x\": a name is letters, digits and _, not starting with a digit");
+  EXPECT_EQ(load_error(with(kText, R"("dims")", R"("let": [["X", 1], ["X", 2]], "dims")")),
+            "let \"X\": the name is already defined");
+  EXPECT_EQ(quote_text("tab\there"), "\"tab\\x09here\"");
+  EXPECT_EQ(quote_text(std::string(47, 'a') + "\xc3\xa9z"), "\"" + std::string(47, 'a') + "\"... (50 characters)");
 }
 
 }  // namespace

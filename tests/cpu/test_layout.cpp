@@ -33,7 +33,7 @@ TEST(Expr, EvaluatesWithPrecedenceAndSymbols) {
   try {
     eval("2*Q");
   } catch (const LayoutError& e) {
-    EXPECT_NE(std::string(e.what()).find("'Q'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("unknown or open size \"Q\""), std::string::npos) << e.what();
   }
 }
 
