@@ -24,7 +24,7 @@ Plan plan(const PlanRequest& q) {
   if (q.layers < 1) fail("layers must be >= 1, got " + std::to_string(q.layers));
   if (q.kv_heads < 1) fail("kv heads must be >= 1, got " + std::to_string(q.kv_heads));
   if (const std::string p = head_dim_problem(q.head_dim); !p.empty())
-    fail(p + "; pad the head dim up to " + std::to_string((std::max<int64_t>(q.head_dim, 1) + 15) / 16 * 16));
+    fail(p + "; pad the head dim up to " + std::to_string(uint64_t((i128(std::max<int64_t>(q.head_dim, 1)) + 15) / 16 * 16)));
   if (q.tokens_per_page < 1) fail("tokens per page must be >= 1, got " + std::to_string(q.tokens_per_page));
   if (q.interleave_v_scales && q.tokens_per_page % 4 != 0)
     fail("interleaved V scales need tokens per page % 4 == 0, got " + std::to_string(q.tokens_per_page) +
@@ -32,14 +32,13 @@ Plan plan(const PlanRequest& q) {
   if (q.tp_size < 1) fail("tensor-parallel size must be >= 1, got " + std::to_string(q.tp_size));
   if (q.tp_rank < 0 || q.tp_rank >= q.tp_size)
     fail("tensor-parallel rank must be in [0, " + std::to_string(q.tp_size) + "), got " + std::to_string(q.tp_rank));
-  int64_t heads_per_rank = 0;
-  std::vector<int64_t> rank_heads;
+  int64_t heads_per_rank = 0, first_head = 0;
   if (q.kv_heads % q.tp_size == 0) {
     heads_per_rank = q.kv_heads / q.tp_size;
-    for (int64_t h = 0; h < heads_per_rank; ++h) rank_heads.push_back(q.tp_rank * heads_per_rank + h);
+    first_head = q.tp_rank * heads_per_rank;  // < kv_heads
   } else if (q.tp_size % q.kv_heads == 0) {
     heads_per_rank = 1;  // more ranks than kv heads: each head is replicated on tp / kv_heads ranks
-    rank_heads.push_back(q.tp_rank / (q.tp_size / q.kv_heads));
+    first_head = q.tp_rank / (q.tp_size / q.kv_heads);
   } else {
     fail("tensor-parallel size " + std::to_string(q.tp_size) + " and " + std::to_string(q.kv_heads) +
          " kv heads: one must divide the other; use a tensor-parallel size that divides " + std::to_string(q.kv_heads) +
@@ -48,9 +47,20 @@ Plan plan(const PlanRequest& q) {
   if (q.memory_bytes && q.pages) fail("give either a memory budget or a page count, not both");
   if (!q.memory_bytes && !q.pages) fail("give a memory budget (--memory) or a page count (--pages)");
   // Bytes of one page of one layer, from the native layout itself.
-  const Layout one = instantiate(preset_spec("nvfp4kv-native"), {1, 1, q.tokens_per_page, heads_per_rank, q.head_dim});
+  // (The layout's evaluation rule bounds heads, head dim and page size: sizes past it are refused here.)
+  const auto native = [&](const char* name, const DimsOverride& dims) {
+    try {
+      return instantiate(preset_spec(name), dims);
+    } catch (const LayoutError& e) {
+      throw LayoutError(std::string("plan: ") + e.what());
+    }
+  };
+  const Layout one = native("nvfp4kv-native", {1, 1, q.tokens_per_page, heads_per_rank, q.head_dim});
   const int64_t page_layer = one.buffers[0].bytes;
   const i128 page_all = i128(page_layer) * q.layers;
+  if (page_all > kOffsetLimit)
+    fail("one page of all " + std::to_string(q.layers) + " layers needs more than " + std::to_string(kOffsetLimit) +
+         " bytes (2^62), the bound on any size; lower the layers, heads or tokens per page");
   int64_t pages = 0;
   if (q.pages) {
     if (*q.pages < 1) fail("page count must be >= 1, got " + std::to_string(*q.pages));
@@ -65,10 +75,10 @@ Plan plan(const PlanRequest& q) {
   const i128 total = page_all * pages;
   if (total > i128(INT64_MAX) / 4 || i128(pages) * q.tokens_per_page > INT64_MAX / 4)
     fail("the allocation overflows 64-bit sizes; lower the page count or budget");
-  Layout layout = instantiate(preset_spec(q.cross_layer ? "nvfp4kv-native-layers" : "nvfp4kv-native"),
-                              {q.layers, pages, q.tokens_per_page, heads_per_rank, q.head_dim});
+  Layout layout = native(q.cross_layer ? "nvfp4kv-native-layers" : "nvfp4kv-native",
+                         {q.layers, pages, q.tokens_per_page, heads_per_rank, q.head_dim});
   if (q.interleave_v_scales) interleave_scale_plane(layout, Region::kVScale);
-  return Plan{validate(layout), heads_per_rank, rank_heads, page_layer, int64_t(page_all),
+  return Plan{validate(layout), heads_per_rank, first_head, page_layer, int64_t(page_all),
               pages * q.tokens_per_page, int64_t(total)};
 }
 
@@ -78,9 +88,10 @@ std::string Plan::summary() const {
   const int64_t useful = 2 * d.heads * d.tokens_per_page * (d.data_bytes() + d.scale_bytes());
   std::ostringstream s;
   s << "layout          " << l.name << (l.buffers[0].per_layer ? " (one buffer per layer)" : " (one buffer, all layers)") << "\n"
-    << "kv heads/rank   " << heads_per_rank << " (global heads";
-  for (int64_t h : rank_heads) s << " " << h;
-  s << ")\n"
+    << "kv heads/rank   " << heads_per_rank << " (global "
+    << (heads_per_rank == 1 ? "head " + std::to_string(first_head)
+                            : "heads " + std::to_string(first_head) + ".." + std::to_string(first_head + heads_per_rank - 1))
+    << ")\n"
     << "page            " << d.tokens_per_page << " tokens, " << bytes_per_page_per_layer << " B per layer ("
     << useful << " B of data and scales), " << bytes_per_page << " B over " << d.layers << " layers\n"
     << "pages           " << d.pages << "\n"

@@ -36,12 +36,12 @@ TEST(Plan, TensorParallelSplitsAndReplicatesHeads) {
   PlanRequest q{32, 8, 128, 16, std::nullopt, 1000, 4, 3};
   Plan p = plan(q);
   EXPECT_EQ(p.heads_per_rank, 2);
-  EXPECT_EQ(p.rank_heads, (std::vector<int64_t>{6, 7}));
+  EXPECT_EQ(p.first_head, 6);
   q.tp_size = 16;
   q.tp_rank = 5;
   p = plan(q);
   EXPECT_EQ(p.heads_per_rank, 1);
-  EXPECT_EQ(p.rank_heads, (std::vector<int64_t>{2}));
+  EXPECT_EQ(p.first_head, 2);
 }
 
 TEST(Plan, PadsPlanesTo16Bytes) {
@@ -59,6 +59,17 @@ TEST(Plan, ImpossibleParametersSayWhatToChange) {
   EXPECT_NE(plan_error({32, 8, 128, 16, int64_t(1) << 30, 10}).find("not both"), std::string::npos);
   EXPECT_NE(plan_error({32, 8, 128, 16}).find("--memory"), std::string::npos);
   EXPECT_NE(plan_error({32, 8, 128, 16, std::nullopt, int64_t(1) << 60}).find("overflow"), std::string::npos);
+  // Sizes past the layout's bound are refused before any work grows with them
+  // (the rank's heads were once listed one by one: 2^62 kv heads never returned).
+  EXPECT_NE(plan_error({1, int64_t(1) << 62, 128, 16, std::nullopt, 1}).find("k_data.page: expression \"H*HS\": integer overflow"),
+            std::string::npos);
+  EXPECT_EQ(plan({1, int64_t(1) << 40, 128, 16, std::nullopt, 1}).total_bytes, (int64_t(1) << 40) * 2304);
+  EXPECT_NE(plan_error({1, int64_t(1) << 51, 128, 16, std::nullopt, 1}).find("elements, the bound on any count"),
+            std::string::npos);
+  EXPECT_NE(plan_error({int64_t(1) << 62, 8, 128, 16, int64_t(80) << 30}).find("one page of all 4611686018427387904 layers"),
+            std::string::npos);
+  EXPECT_NE(plan_error({32, 8, INT64_MAX, 16, std::nullopt, 1}).find("pad the head dim up to 9223372036854775808"),
+            std::string::npos);
   PlanRequest q{32, 8, 128, 6, std::nullopt, 10};
   q.interleave_v_scales = true;
   EXPECT_NE(plan_error(q).find("tokens per page % 4"), std::string::npos);

@@ -4,7 +4,6 @@
 // the native layout looks the way it does).
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "nvfp4kv/core/layout.hpp"
 
@@ -25,7 +24,7 @@ struct PlanRequest {
 struct Plan {
   ValidLayout layout;
   int64_t heads_per_rank = 0;
-  std::vector<int64_t> rank_heads;      // global kv-head indices this rank holds
+  int64_t first_head = 0;               // this rank holds global kv heads [first_head, first_head + heads_per_rank)
   int64_t bytes_per_page_per_layer = 0;
   int64_t bytes_per_page = 0;           // all layers
   int64_t token_capacity = 0;
