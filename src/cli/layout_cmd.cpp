@@ -23,7 +23,7 @@ void print_regions(const Layout& l, const CheckReport* rep) {
             << ", heads " << d.heads << ", head dim " << d.head_dim << "  (data row " << d.data_bytes()
             << " B, scale row " << d.scale_bytes() << " B)\n";
   for (const Buffer& b : l.buffers)
-    std::cout << "buffer   \"" << b.name << "\" " << b.bytes << " B" << (b.per_layer ? " per layer" : " (all layers)")
+    std::cout << "buffer   " << quote_text(b.name) << " " << b.bytes << " B" << (b.per_layer ? " per layer" : " (all layers)")
               << "\n";
   std::cout << "region     buffer        offset      layer       page     head  token            column         vector\n";
   for (Region r : kAllRegions) {
@@ -61,13 +61,14 @@ int cmd_show(const Args& a) {
     std::cout << to_json(l) << "\n";
     return 0;
   }
+  // Drawn first: a page that cannot be drawn is refused before anything is printed.
+  const std::string map = byte_map(l, a.integer("layer").value_or(0), a.integer("page").value_or(0));
   const CheckResult res = check(l);
   std::cout << "layout   " << l.name << "\n";
   if (!l.summary.empty()) std::cout << "         " << l.summary << "\n";
   std::cout << provenance_text(l.provenance, "         ", true);
   print_regions(l, &res.report);
-  std::cout << "check    " << res.report.summary() << "\n\n";
-  std::cout << byte_map(l, a.integer("layer").value_or(0), a.integer("page").value_or(0));
+  std::cout << "check    " << res.report.summary() << "\n\n" << map;
   return res.report.ok ? 0 : 1;
 }
 
@@ -116,7 +117,7 @@ int cmd_plan(const Args& a) {
   q.cross_layer = a.flag("cross-layer");
   const std::string vs = a.get("v-scales").value_or("linear");
   if (vs == "interleave4") q.interleave_v_scales = true;
-  else if (vs != "linear") throw UsageError("--v-scales expects linear or interleave4, got \"" + vs + "\"");
+  else if (vs != "linear") throw UsageError("--v-scales expects linear or interleave4, got " + quote_text(vs));
   const Plan p = plan(q);
   if (a.flag("json")) {
     std::cout << to_json(p.layout.layout()) << "\n";
@@ -145,7 +146,7 @@ int run_layout(const std::vector<std::string>& argv) {
   if (sub == "show") return cmd_show(a);
   if (sub == "check") return cmd_check(a);
   if (sub == "compare") return cmd_compare(a);
-  throw UsageError("unknown layout subcommand \"" + sub + "\" (presets, show, check, compare, plan)");
+  throw UsageError("unknown layout subcommand " + quote_text(sub) + " (presets, show, check, compare, plan)");
 }
 
 }  // namespace nvfp4kv::cli

@@ -1,6 +1,6 @@
 // nvfp4kv: the command-line front end. Each subcommand validates its arguments
 // and calls the library. Exit codes: 0 success, 1 rejected layout, disagreement
-// or failed check, 2 bad usage.
+// or failed check, 2 unusable input (bad usage, refused text or sizes).
 #include <cstdio>
 #include <iostream>
 
@@ -38,7 +38,7 @@ Args::Args(const std::vector<std::string>& argv, std::initializer_list<const cha
       }
       values_[name] = value;
     } else {
-      throw UsageError("unknown option --" + name);
+      throw UsageError("unknown option " + quote_text("--" + name));
     }
   }
 }
@@ -71,7 +71,8 @@ std::optional<int64_t> Args::integer(const std::string& name) const {
   if (!v) return std::nullopt;
   int64_t x = 0;
   const size_t used = parse_prefix(*v, [](const std::string& s, size_t* n) { return std::stoll(s, n); }, x);
-  if (used == 0 || used != v->size()) throw UsageError("--" + name + " expects an integer, got \"" + *v + "\"");
+  if (used == 0 || used != v->size())
+    throw UsageError("--" + name + " expects an integer in [-2^63, 2^63), got " + quote_text(*v));
   return x;
 }
 
@@ -86,7 +87,7 @@ std::optional<int64_t> Args::bytes(const std::string& name) const {
                       {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}})
     if (unit == u) mult = m;
   if (used == 0 || mult == 0 || !(x * mult >= 0) || x * mult > 9e18)
-    throw UsageError("--" + name + " expects a size such as 4096, 512MiB or 80GiB, got \"" + *v + "\"");
+    throw UsageError("--" + name + " expects a size such as 4096, 512MiB or 80GiB, got " + quote_text(*v));
   return int64_t(x * mult);
 }
 
@@ -116,7 +117,8 @@ void usage(std::FILE* to) {
       "\n"
       "LAYOUT is a preset name or a JSON file (docs/layouts.md). sizes: --layers --pages --heads\n"
       "--head-dim --tokens-per-page, where the layout leaves them open.\n"
-      "exit codes: 0 success, 1 rejected layout / disagreement / failed check, 2 bad usage\n",
+      "exit codes: 0 sound / agree / passed; 1 rejected layout / disagreement / failed check (the verdict on\n"
+      "stderr); 2 unusable input: bad usage, layout text or sizes refused (one line on stderr)\n",
       to);
 }
 
@@ -139,7 +141,7 @@ int main(int argc, char** argv) {
       usage(stdout);
       return 0;
     }
-    std::cerr << "nvfp4kv: unknown command \"" << cmd << "\"\n\n";
+    std::cerr << "nvfp4kv: unknown command " << nvfp4kv::quote_text(cmd) << "\n\n";
     usage(stderr);
     return 2;
   } catch (const UsageError& e) {

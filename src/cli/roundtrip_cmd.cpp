@@ -58,7 +58,7 @@ bool print_roundtrip(const harness::RoundtripReport& r, std::ostream& out) {
 
 int run_roundtrip(const std::vector<std::string>& argv) {
   const Args a(argv, {"cpu-only"}, {"layout", "layers", "pages", "heads", "head-dim", "tokens-per-page", "tokens", "seed"});
-  if (!a.positional().empty()) throw UsageError("unexpected argument \"" + a.positional()[0] + "\"");
+  if (!a.positional().empty()) throw UsageError("unexpected argument " + quote_text(a.positional()[0]));
   const auto name = a.get("layout");
   if (!name) throw UsageError("roundtrip needs --layout LAYOUT");
   DimsOverride dims = dims_from(a);
@@ -68,14 +68,36 @@ int run_roundtrip(const std::vector<std::string>& argv) {
   if (!dims.head_dim && !spec.defaults.head_dim) dims.head_dim = 128;
   if (!dims.tokens_per_page && !spec.defaults.tokens_per_page) dims.tokens_per_page = 16;
   const Layout layout = instantiate(spec, dims);
-  CheckResult res = check(layout);
-  (res.valid ? std::cout : std::cerr) << "layout " << layout.name << ": " << res.report.summary() << "\n";
-  if (!res.valid) return 1;
   harness::RoundtripOptions opt;
   opt.tokens = a.integer("tokens").value_or(0);
   opt.seed = uint64_t(a.integer("seed").value_or(1));
   opt.use_gpu = !a.flag("cpu-only");
-  return print_roundtrip(harness::roundtrip(*res.valid, opt), std::cout) ? 0 : 1;
+  // The round trip holds the cache and the rows on the host (and the GPU): bounded up front.
+  constexpr int64_t kMaxCacheBytes = int64_t(1) << 28, kMaxElements = int64_t(1) << 24;
+  int64_t cache_bytes = 0;  // what one layer's allocations take (the layout's sizes are within 2^62)
+  for (const Buffer& b : layout.buffers) cache_bytes += b.bytes;
+  if (cache_bytes > kMaxCacheBytes)
+    throw LayoutError("roundtrip allocates the cache of one layer on the host: " + std::to_string(cache_bytes) +
+                     " bytes is more than " + std::to_string(kMaxCacheBytes) + " (256 MiB), its bound; use fewer pages or heads");
+  if (opt.tokens < 0) throw UsageError("--tokens must be >= 1, got " + std::to_string(opt.tokens));
+  const int64_t tokens = opt.tokens > 0 ? opt.tokens : 4096;  // the most RoundtripOptions' default fills
+  const int64_t row = layout.dims.heads * layout.dims.head_dim;
+  if (tokens > kMaxElements / row)
+    throw LayoutError("roundtrip stores " + std::to_string(tokens) + " tokens x " + std::to_string(row) +
+                     " elements (heads x head dim), more than " + std::to_string(kMaxElements) +
+                     " (2^24), its bound; pass --tokens " + std::to_string(std::max<int64_t>(kMaxElements / row, 1)) +
+                     " or fewer, or fewer heads");
+  CheckResult res = check(layout);
+  if (!res.valid) {
+    std::cerr << "layout " << layout.name << ": " << res.report.summary() << "\n";
+    return 1;
+  }
+  std::cout << "layout " << layout.name << ": " << res.report.summary() << "\n";
+  // The report goes to stdout when the round trip passes and to stderr, with the verdict, when it fails.
+  std::ostringstream report;
+  const bool ok = print_roundtrip(harness::roundtrip(*res.valid, opt), report);
+  (ok ? std::cout : std::cerr) << report.str();
+  return ok ? 0 : 1;
 }
 
 }  // namespace nvfp4kv::cli
