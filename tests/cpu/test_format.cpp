@@ -184,12 +184,21 @@ TEST(Block, AmaxForcesASubnormalBlockScale) {
   EXPECT_EQ(d[7], -0.00390625f);
 }
 
+// A block whose scale is 0 keeps only each input's sign: code 0 for +0 and positive
+// inputs, code 8 (-0) for -0 and negative ones (docs/format.md).
 TEST(Block, AllZeroBlockHasScaleZero) {
   float x[16] = {};
   x[5] = -0.0f;
   const QuantizedBlock q = quantize_block(x, 0.37f, ScaleRule::kFourOverSix);
   EXPECT_EQ(q.scale, 0);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(q.packed[i], i == 2 ? 0x80 : 0x00) << i;  // element 5: high nibble of byte 2
   for (float v : dequant(q, 0.37f)) EXPECT_EQ(v, 0.0f);
+  EXPECT_TRUE(std::signbit(dequant(q, 0.37f)[5]));
+  // Values too small for any E4M3 scale behave the same way.
+  float tiny[16] = {1e-30f, -1e-30f};
+  const QuantizedBlock t = quantize_block(tiny, 1.0f, ScaleRule::kStandard);
+  EXPECT_EQ(t.scale, 0);
+  EXPECT_EQ(t.packed[0], 0x80);
 }
 
 TEST(Block, FourOverSixPicksAmaxOverFourWhenItIsCloser) {
