@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Build everything (CUDA targets too when nvcc is present) and run the tests:
-# the CPU suite, the ml_dtypes cross-check, a 60 s libFuzzer run, the GPU tests
-# (which skip with a message when there is no GPU), an engine's CMake build
-# against the installed package, then pip install . and the Python tests.
+# the CPU suite, the ml_dtypes cross-check, the CLI contract (also against the
+# ASan/UBSan build), the fuzz targets' regression inputs and 60 s of fuzzing
+# each, the GPU tests (which skip with a message when there is no GPU), an
+# engine's CMake build against the installed package, then pip install . and
+# the Python tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 jobs=$(nproc)
-fuzzer=""
+fuzz_dir=""
 if command -v clang++ >/dev/null; then
   cmake --preset fuzz >/dev/null
   cmake --build --preset fuzz -j "$jobs"
-  fuzzer="$PWD/build/fuzz/tests/fuzz/fuzz_layout"
+  fuzz_dir="$PWD/build/fuzz"
 fi
-cmake --preset cpu -DNVFP4KV_FUZZER="$fuzzer" >/dev/null
+cmake --preset cpu -DNVFP4KV_FUZZ_DIR="$fuzz_dir" >/dev/null
 cmake --build --preset cpu -j "$jobs"
 ctest --preset cpu -j "$jobs"
 

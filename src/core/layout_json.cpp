@@ -37,12 +37,18 @@ struct JsonPath {
   };
   std::vector<Step> steps;
 
+  // A key other than a short identifier is quoted (escaped, cut), and a long path keeps its two
+  // ends, so a message stays one short line.
   std::string text(size_t depth) const {
     std::string out = "layout";
     for (size_t i = 0; i < depth; ++i) {
       const Step& s = steps[i];
-      out += s.object ? "." + (s.key.size() > kMaxNameBytes ? quote_text(s.key) : s.key) : "[" + std::to_string(s.index) + "]";
+      const bool plain = !s.key.empty() && s.key.size() <= 24 && std::all_of(s.key.begin(), s.key.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+      });
+      out += !s.object ? "[" + std::to_string(s.index) + "]" : plain ? "." + s.key : "[" + quote_text(s.key) + "]";
     }
+    if (out.size() > 160) out = out.substr(0, 60) + "..." + out.substr(out.size() - 90);
     return out;
   }
   std::string here() const { return text(steps.size()); }
@@ -371,7 +377,7 @@ std::string to_json(const Layout& l) {
     };
     json j = {{"buffer", l.buffers.at(size_t(m.buffer)).name}, {"offset", m.offset}, {"page", m.page},
               {"token", mode(m.token)}, {"head", m.head}, {"column", mode(m.column)}};
-    if (!l.buffers.at(size_t(m.buffer)).per_layer) j["layer"] = m.layer;
+    if (!l.buffers.at(size_t(m.buffer)).per_layer || m.layer != 0) j["layer"] = m.layer;  // what was read, printed
     doc["regions"][region_name(r)] = j;
   }
   return doc.dump(2);

@@ -257,5 +257,26 @@ TEST(StrictText, NamesAreShortSingleLinesAndBuffersFitTheApi) {
   EXPECT_EQ(quote_text(std::string(47, 'a') + "\xc3\xa9z"), "\"" + std::string(47, 'a') + "\"... (50 characters)");
 }
 
+TEST(StrictText, PathsInMessagesStayShortAndOnOneLine) {
+  std::string keys;  // 40 objects deep, each under a key with a newline in it
+  for (int i = 0; i < 40; ++i) keys += R"({"a\nb)" + std::string(200, 'k') + R"(":)";
+  const std::string message = load_error(keys);
+  EXPECT_NE(message.find("nested more than 32 levels deep"), std::string::npos) << message;
+  EXPECT_EQ(message.rfind("layout[\"a\\x0ab", 0), 0u) << message;
+  expect_one_short_line(message);
+}
+
+// The printed form says everything that was read, unsound parts included: a
+// per-layer region with a layer stride loads back with it, and check still
+// names the mistake.
+TEST(StrictText, PrintedFormKeepsALayerStrideOfAPerLayerRegion) {
+  const Layout l = instantiate(parse_layout_spec(with(kText, R"("k_data": {"page")", R"("k_data": {"layer": 5, "page")")), {});
+  EXPECT_EQ(l.region(Region::kKData).layer, 5);
+  const Layout again = instantiate(parse_layout_spec(to_json(l)), {});
+  EXPECT_EQ(again.region(Region::kKData).layer, 5);
+  EXPECT_EQ(to_json(again), to_json(l));
+  EXPECT_NE(check(again).report.problems[0].find("lives in per-layer buffer \"kv\" but has a layer stride"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace nvfp4kv
