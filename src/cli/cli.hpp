@@ -36,6 +36,9 @@ class Args {
 
 DimsOverride dims_from(const Args& args);
 
+// A check's exit code: 0 sound, 1 unsound, 2 undecided (sizes past the proof's bounds).
+inline int verdict_code(const CheckReport& r) { return r.ok ? 0 : r.undecided ? 2 : 1; }
+
 int run_demo(const std::vector<std::string>& argv);
 int run_layout(const std::vector<std::string>& argv);
 int run_roundtrip(const std::vector<std::string>& argv);

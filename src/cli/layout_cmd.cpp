@@ -69,7 +69,7 @@ int cmd_show(const Args& a) {
   std::cout << provenance_text(l.provenance, "         ", true);
   print_regions(l, &res.report);
   std::cout << "check    " << res.report.summary() << "\n\n" << map;
-  return res.report.ok ? 0 : 1;
+  return verdict_code(res.report);
 }
 
 int cmd_check(const Args& a) {
@@ -79,7 +79,7 @@ int cmd_check(const Args& a) {
   const CheckResult res = check(l);
   if (!res.report.ok) {
     std::cerr << l.name << ": " << res.report.summary() << "\n";
-    return 1;
+    return verdict_code(res.report);
   }
   std::cout << l.name << ": " << res.report.summary() << "\n";
   std::cout << "widest vector access per row:";

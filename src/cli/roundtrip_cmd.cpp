@@ -90,7 +90,7 @@ int run_roundtrip(const std::vector<std::string>& argv) {
   CheckResult res = check(layout);
   if (!res.valid) {
     std::cerr << "layout " << layout.name << ": " << res.report.summary() << "\n";
-    return 1;
+    return verdict_code(res.report);
   }
   std::cout << "layout " << layout.name << ": " << res.report.summary() << "\n";
   // The report goes to stdout when the round trip passes and to stderr, with the verdict, when it fails.

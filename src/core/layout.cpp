@@ -219,7 +219,7 @@ std::string CheckReport::summary() const {
     s << "sound: " << elements << " elements over all layers and pages are in bounds and own distinct bytes"
       << " (proved from " << elements_enumerated << " enumerated elements in " << seconds * 1e3 << " ms)";
   } else {
-    s << "REJECTED: " << (problems.empty() ? std::string("unknown") : problems.front());
+    s << (undecided ? "UNDECIDED: " : "REJECTED: ") << (problems.empty() ? std::string("unknown") : problems.front());
     for (size_t i = 1; i < problems.size(); ++i) s << "\n  also: " << problems[i];
   }
   return s.str();

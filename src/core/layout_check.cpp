@@ -42,13 +42,15 @@ bool entry_less(const Entry& x, const Entry& y) {
   return key(x.coord) < key(y.coord);
 }
 
-constexpr double kMaxLatticeWork = 4e8;
+// Steps of the lattice search, over all buffers: about a second at most.
+constexpr double kMaxLatticeWork = double(int64_t(1) << 25);
 
 struct OverlapProof {
   std::optional<Collision> collision;
   std::vector<std::string> pairs;
   std::optional<std::string> cannot_prove;
   int64_t enumerated = 0;
+  double lattice_work = 0;
 };
 
 class BufferProver {
@@ -78,12 +80,15 @@ class BufferProver {
     return n > kMaxEnumerated ? kMaxEnumerated + 1 : int64_t(n);
   }
 
-  OverlapProof prove() {
+  // lattice_budget: the lattice-search steps still allowed to the whole check.
+  OverlapProof prove(double lattice_budget) {
     OverlapProof proof;
     enumerate_cell();
     proof.enumerated = int64_t(cell_.size());
     if (find_cell_duplicates(proof)) return proof;
+    budget_ = lattice_budget;
     search_lattice(proof);
+    proof.lattice_work = work_;
     return proof;
   }
 
@@ -206,11 +211,11 @@ class BufferProver {
     // v and -v are the same pair of cells seen from either side: test v >= 0 only.
     if (!nonzero || v < 0 || (v == 0 && !positive_first)) return;
     work_ += double(cell_.size());
-    if (work_ > kMaxLatticeWork) {
+    if (work_ > budget_) {
       proof.cannot_prove = "buffer " + quote_text(layout_.buffers[size_t(buffer_)].name) +
                            ": the regions interleave across pages or heads in a way that needs more than " +
                            std::to_string(int64_t(kMaxLatticeWork)) +
-                           " steps to prove disjoint; check it with fewer pages";
+                           " (2^25) steps to prove disjoint, the bound on the search; check it with fewer pages";
       return;
     }
     for (const Entry& u : cell_) {
@@ -242,7 +247,7 @@ class BufferProver {
   std::vector<uint64_t> bitmap_;
   bool use_bitmap_ = false;
   int64_t span_ = 0;
-  double work_ = 0;
+  double work_ = 0, budget_ = 0;
 };
 
 // The coordinate of a region's last byte (strides >= 0: each coordinate at the
@@ -332,61 +337,74 @@ void report_access(const Layout& layout, CheckReport& rep) {
 }
 
 void check_overlap(const Layout& layout, CheckReport& rep) {
+  // The region groups to prove, per buffer, and what enumerating their cells takes.
+  struct Group {
+    int32_t buffer;
+    std::vector<Region> regions;
+  };
+  std::vector<Group> all;
   for (int32_t buf = 0; buf < int32_t(layout.buffers.size()); ++buf) {
     std::vector<Region> group;
     for (Region r : kAllRegions)
       if (layout.region(r).buffer == buf) group.push_back(r);
     if (group.empty()) continue;
-    std::vector<std::vector<Region>> groups{group};
-    BufferProver whole(layout, buf, group);
-    if (whole.cell_elements() > kMaxEnumerated && group.size() > 1) {
-      // The regions do not share their page/head strides: prove each region on
-      // its own, then each pair apart by its address range.
-      groups.clear();
-      for (Region r : group) groups.push_back({r});
-      for (size_t i = 0; i < group.size(); ++i)
-        for (size_t j = i + 1; j < group.size(); ++j) {
-          const int64_t lo_i = layout.region(group[i]).offset, lo_j = layout.region(group[j]).offset;
-          const int64_t hi_i = layout.offset(group[i], last_coord(layout, group[i]));
-          const int64_t hi_j = layout.offset(group[j], last_coord(layout, group[j]));
-          if (hi_i < lo_j || hi_j < lo_i) continue;
-          std::vector<Region> pair{group[i], group[j]};
-          if (BufferProver(layout, buf, pair).cell_elements() <= kMaxEnumerated) {
-            groups.push_back(pair);
-          } else {
-            rep.problems.push_back(std::string("cannot prove ") + region_name(group[i]) + " and " +
-                                   region_name(group[j]) + " disjoint in buffer " + quote_text(layout.buffers[size_t(buf)].name) +
-                                   ": their address ranges overlap and they use different page/head strides; "
-                                   "check the layout with fewer pages");
-            return;
-          }
-        }
+    if (BufferProver(layout, buf, group).cell_elements() <= kMaxEnumerated || group.size() == 1) {
+      all.push_back({buf, group});
+      continue;
     }
-    for (auto& g : groups) {
-      BufferProver prover(layout, buf, g);
-      if (prover.cell_elements() > kMaxEnumerated) {
-        rep.problems.push_back(std::string("cannot prove ") + region_name(g[0]) +
-                               " injective: one page cell holds more than 2^23 elements");
-        return;
-      }
-      OverlapProof proof = prover.prove();
-      rep.elements_enumerated += proof.enumerated;
-      if (proof.cannot_prove) {
-        rep.problems.push_back(*proof.cannot_prove);
-        return;
-      }
-      if (proof.collision) {
-        std::string msg = proof.collision->message();
-        if (proof.pairs.size() > 1) {
-          msg += " (colliding in one cell:";
-          for (const auto& p : proof.pairs) msg += " " + p;
-          msg += ")";
+    // The regions do not share their page/head strides: prove each region on
+    // its own, then each pair apart by its address range.
+    for (Region r : group) all.push_back({buf, {r}});
+    for (size_t i = 0; i < group.size(); ++i)
+      for (size_t j = i + 1; j < group.size(); ++j) {
+        const int64_t lo_i = layout.region(group[i]).offset, lo_j = layout.region(group[j]).offset;
+        const int64_t hi_i = layout.offset(group[i], last_coord(layout, group[i]));
+        const int64_t hi_j = layout.offset(group[j], last_coord(layout, group[j]));
+        if (hi_i < lo_j || hi_j < lo_i) continue;
+        std::vector<Region> pair{group[i], group[j]};
+        if (BufferProver(layout, buf, pair).cell_elements() > kMaxEnumerated) {
+          rep.undecided = true;
+          rep.problems.push_back(std::string("cannot prove ") + region_name(group[i]) + " and " +
+                                 region_name(group[j]) + " disjoint in buffer " + quote_text(layout.buffers[size_t(buf)].name) +
+                                 ": their address ranges overlap and they use different page/head strides; "
+                                 "check the layout with fewer pages");
+          return;
         }
-        rep.problems.push_back(msg);
-        rep.collision = proof.collision;
-        rep.colliding_pairs = proof.pairs;
-        return;
+        all.push_back({buf, pair});
       }
+  }
+  // One bound on the whole proof, refused before anything is enumerated.
+  int64_t cells = 0;  // each term at most 2^23 + 1, at most 80 of them
+  for (const Group& g : all) cells += BufferProver(layout, g.buffer, g.regions).cell_elements();
+  if (cells > kMaxEnumerated) {
+    rep.undecided = true;
+    rep.problems.push_back("cannot prove the layout sound at these sizes: its page cells hold more than " +
+                           std::to_string(kMaxEnumerated) +
+                           " (2^23) elements to enumerate, the bound on any enumeration; check it with fewer heads or "
+                           "tokens per page");
+    return;
+  }
+  double lattice_work = 0;  // one budget for the lattice search too
+  for (const Group& g : all) {
+    OverlapProof proof = BufferProver(layout, g.buffer, g.regions).prove(kMaxLatticeWork - lattice_work);
+    rep.elements_enumerated += proof.enumerated;
+    lattice_work += proof.lattice_work;
+    if (proof.cannot_prove) {
+      rep.undecided = true;
+      rep.problems.push_back(*proof.cannot_prove);
+      return;
+    }
+    if (proof.collision) {
+      std::string msg = proof.collision->message();
+      if (proof.pairs.size() > 1) {
+        msg += " (colliding in one cell:";
+        for (const auto& p : proof.pairs) msg += " " + p;
+        msg += ")";
+      }
+      rep.problems.push_back(msg);
+      rep.collision = proof.collision;
+      rep.colliding_pairs = proof.pairs;
+      return;
     }
   }
 }

@@ -134,6 +134,33 @@ TEST(Compare, RefusesPlanesTooLargeToEnumerate) {
 }
 
 
+// check's own work is bounded over the whole proof and refused before it starts;
+// such a verdict is UNDECIDED, not REJECTED: nothing was shown wrong.
+TEST(Check, ProofsPastTheBoundsAreUndecidedNotRejected) {
+  // NHD heads do not share strides across regions: each region's cell holds every head.
+  const CheckReport big = check(instantiate(preset_spec("vllm-legacy-nhd"), {1, 4, 16, 7000, 128})).report;
+  EXPECT_FALSE(big.ok);
+  EXPECT_TRUE(big.undecided);
+  EXPECT_EQ(big.elements_enumerated, 0);  // refused up front
+  EXPECT_EQ(big.summary(),
+            "UNDECIDED: cannot prove the layout sound at these sizes: its page cells hold more than 8388608 (2^23) "
+            "elements to enumerate, the bound on any enumeration; check it with fewer heads or tokens per page");
+  EXPECT_TRUE(check(instantiate(preset_spec("vllm-legacy-nhd"), {1, 4, 16, 1800, 128})).report.ok);
+  // Pages as the fastest dimension: each page is a translation the lattice search must test.
+  const LayoutSpec page_fastest = parse_layout_spec(R"json({"name": "page-fastest", "buffers": [{"name": "kv"}],
+    "regions": {
+      "k_data":  {"offset": 0, "page": 1, "head": "P", "token": "P*H", "column": "P*H*N"},
+      "k_scale": {"offset": "P*H*N*dd", "page": 1, "head": "P", "token": "P*H", "column": "P*H*N"},
+      "v_data":  {"offset": "P*H*N*(dd+sd)", "page": 1, "head": "P", "token": "P*H", "column": "P*H*N"},
+      "v_scale": {"offset": "P*H*N*(2*dd+sd)", "page": 1, "head": "P", "token": "P*H", "column": "P*H*N"}}})json");
+  EXPECT_TRUE(check(instantiate(page_fastest, {1, 2000, 16, 1, 64})).report.ok);
+  const CheckReport far = check(instantiate(page_fastest, {1, 340000, 16, 1, 64})).report;
+  EXPECT_TRUE(far.undecided);
+  EXPECT_NE(far.problems[0].find("more than 33554432 (2^25) steps"), std::string::npos) << far.problems[0];
+  // A real collision is never undecided.
+  EXPECT_FALSE(check(instantiate(preset_spec("vllm-packed-nhd-writer"), {1, 1, 16, 1, 128})).report.undecided);
+}
+
 // A one-line layout to edit: every test below changes one thing in it.
 const std::string kText =
     R"({"name": "t", "dims": {"pages": 2, "heads": 1, "head_dim": 32, "tokens_per_page": 4},)"

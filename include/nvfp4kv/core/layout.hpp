@@ -109,6 +109,9 @@ void require_evaluable(const Layout& layout);
 
 struct CheckReport {
   bool ok = false;
+  // Not ok, but not shown unsound either: the proof would need more work than its
+  // bounds allow at these sizes (the first problem says which bound).
+  bool undecided = false;
   std::vector<std::string> problems;     // human-readable, the first one is the verdict
   std::optional<Collision> collision;    // the first collision found (see docs/layouts.md)
   std::vector<std::string> colliding_pairs;  // e.g. "k_data/k_scale", within one page cell
