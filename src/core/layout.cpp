@@ -187,6 +187,7 @@ void require_evaluable(const Layout& l) {
 }
 
 int64_t Layout::total_bytes() const {
+  require_evaluable(*this);  // the total is within 2^62
   int64_t total = 0;
   for (const Buffer& b : buffers) total += b.bytes * (b.per_layer ? dims.layers : 1);
   return total;

@@ -69,6 +69,7 @@ TEST(EvaluationRule, HandBuiltLayoutsCannotBypassIt) {
     EXPECT_EQ(error_of([&] { compare(tiny(), l); }).find("describe different caches"), std::string::npos);
     EXPECT_EQ(error_of([&] { byte_map(l); }), "layout \"vllm-legacy-hnd-writer-sm12x\": " + problem);
     EXPECT_THROW(validate(l), LayoutError);
+    EXPECT_THROW(l.total_bytes(), LayoutError);
   }
   // The rule is exact at its edge: 2^62 itself is a legal stride and offset.
   Layout l = instantiate(preset_spec("vllm-legacy-hnd"), {1, 1, 1, 1, 16});

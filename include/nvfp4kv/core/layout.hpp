@@ -64,7 +64,7 @@ struct Layout {
   }
   // Layers whose bytes live in the same allocation (1 for per-layer buffers).
   int64_t layers_in(const Buffer& b) const { return b.per_layer ? 1 : dims.layers; }
-  // Bytes of all allocations, over all layers.
+  // Bytes of all allocations, over all layers (throws LayoutError unless evaluable).
   int64_t total_bytes() const;
 };
 
