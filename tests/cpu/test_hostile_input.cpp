@@ -158,6 +158,13 @@ TEST(Check, ProofsPastTheBoundsAreUndecidedNotRejected) {
   const CheckReport far = check(instantiate(page_fastest, {1, 340000, 16, 1, 64})).report;
   EXPECT_TRUE(far.undecided);
   EXPECT_NE(far.problems[0].find("more than 33554432 (2^25) steps"), std::string::npos) << far.problems[0];
+  // An element outside its buffer decides what the unfinished search could not.
+  Layout short_buffer = instantiate(page_fastest, {1, 340000, 16, 1, 64});
+  short_buffer.buffers[0].bytes -= 1;
+  const CheckReport outside = check(short_buffer).report;
+  EXPECT_FALSE(outside.undecided);
+  EXPECT_NE(outside.summary().find("REJECTED: v_scale["), std::string::npos) << outside.summary();
+  EXPECT_NE(outside.summary().find("is outside buffer \"kv\""), std::string::npos) << outside.summary();
   // A real collision is never undecided.
   EXPECT_FALSE(check(instantiate(preset_spec("vllm-packed-nhd-writer"), {1, 1, 16, 1, 128})).report.undecided);
 }
