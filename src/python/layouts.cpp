@@ -120,6 +120,8 @@ void bind_layouts(nb::module_& m) {
 
   nb::class_<CheckReport>(m, "CheckReport", "What check() proved, or why it rejected a layout.")
       .def_ro("ok", &CheckReport::ok)
+      .def_ro("undecided", &CheckReport::undecided,
+              "Not ok, but not shown unsound: the proof would pass its bounds at these sizes.")
       .def_ro("problems", &CheckReport::problems, "Human-readable; the first is the verdict.")
       .def_prop_ro(
           "collision",
@@ -176,7 +178,11 @@ void bind_layouts(nb::module_& m) {
   nb::class_<Plan>(m, "Plan", "nvfp4kv's native layout for a model and a memory budget, with its capacity.")
       .def_ro("layout", &Plan::layout)
       .def_ro("heads_per_rank", &Plan::heads_per_rank)
-      .def_ro("rank_heads", &Plan::rank_heads)
+      .def_ro("first_head", &Plan::first_head)
+      .def_prop_ro(
+          "rank_heads",
+          [](const Plan& p) { return nb::module_::import_("builtins").attr("range")(p.first_head, p.first_head + p.heads_per_rank); },
+          "The global kv heads this rank holds, as a range (it may be large).")
       .def_ro("bytes_per_page_per_layer", &Plan::bytes_per_page_per_layer)
       .def_ro("bytes_per_page", &Plan::bytes_per_page)
       .def_ro("token_capacity", &Plan::token_capacity)

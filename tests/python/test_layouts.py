@@ -71,7 +71,7 @@ def test_compare_names_the_swizzled_v_scales():
 
 def test_plan_gives_a_proven_native_layout():
     p = nvfp4kv.plan(layers=32, kv_heads=8, head_dim=128, memory_bytes=1 << 30, tp_size=2, tp_rank=1)
-    assert p.heads_per_rank == 4 and p.rank_heads == [4, 5, 6, 7]
+    assert p.heads_per_rank == 4 and p.first_head == 4 and list(p.rank_heads) == [4, 5, 6, 7]
     assert p.layout.report.ok and p.token_capacity > 0 and p.total_bytes <= 1 << 30
     assert "token capacity" in p.summary()
     assert nvfp4kv.check(p) is p.layout
