@@ -65,9 +65,10 @@ std::vector<AccuracyRow> attention_accuracy(int64_t tokens, uint64_t seed) {
     const reference::DenseShape shape{tokens, kKvHeads, kDim};
     for (auto [rule, name] : {std::pair{ScaleRule::kStandard, "NVFP4, amax/6 scales"},
                               {ScaleRule::kFourOverSix, "NVFP4, 4over6 scales"}}) {
-      const auto quantized = [&](const std::vector<float>& x) {
+      const ScaleRule r = rule;  // a structured binding cannot be captured before clang 16 (the fuzz build)
+      const auto quantized = [&, r](const std::vector<float>& x) {
         const float gs = recommend_global_scale(amax(x));
-        return widen(reference::dequantize(reference::quantize(x.data(), ElementType::kFloat32, shape, gs, rule), gs));
+        return widen(reference::dequantize(reference::quantize(x.data(), ElementType::kFloat32, shape, gs, r), gs));
       };
       const std::vector<double> fp4 = attend(quantized(k), quantized(v));
       rows.push_back({cache, name, rel_l2(fp4, exact), rel_l2(fp4, bf16), 2.0 * kKvHeads * (kDim / 2 + kDim / 16)});
