@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "nvfp4kv/core/layout.hpp"
+#include "nvfp4kv/core/layout_diff.hpp"
 
 namespace nvfp4kv {
 namespace {
@@ -173,26 +174,8 @@ CompareReport compare(const Layout& writer, const Layout& reader, int max_exampl
   }
   for (int64_t m : rep.misplaced_per_region) rep.misplaced += m;
   rep.agree = rep.misplaced == 0;
-  // The first few, in (layer, page, region, head, token, column) order; bounded work.
-  std::array<bool, kRegionCount> same_buffer{}, same_allocation_kind{};
-  for (Region r : kAllRegions) {
-    same_buffer[size_t(r)] = buffer_name(writer, r) == buffer_name(reader, r);
-    same_allocation_kind[size_t(r)] = writer.buffers[size_t(writer.region(r).buffer)].per_layer ==
-                                      reader.buffers[size_t(reader.region(r).buffer)].per_layer;
-  }
-  int64_t budget = kMaxEnumerated;
-  for (Coord c; c.layer < d.layers && rep.examples.size() < size_t(max_examples) && budget > 0 && !rep.agree; ++c.layer)
-    for (c.page = 0; c.page < d.pages && rep.examples.size() < size_t(max_examples) && budget > 0; ++c.page)
-      for (Region r : kAllRegions)
-        for (c.head = 0; c.head < d.heads; ++c.head)
-          for (c.token = 0; c.token < d.tokens_per_page; ++c.token)
-            for (c.column = 0; c.column < d.columns(r); ++c.column) {
-              if (rep.examples.size() >= size_t(max_examples) || --budget <= 0) goto done;
-              const int64_t wb = writer.offset(r, c), rb = reader.offset(r, c);
-              const bool together = same_buffer[size_t(r)] && (same_allocation_kind[size_t(r)] || c.layer == 0);
-              if (wb != rb || !together) rep.examples.push_back({r, c, buffer_name(writer, r), buffer_name(reader, r), wb, rb});
-            }
-done:
+  // A few, spread over the regions that differ and over their rows; bounded work.
+  if (!rep.agree) rep.examples = spread_examples(writer, reader, max_examples);
   return rep;
 }
 

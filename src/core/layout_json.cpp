@@ -8,6 +8,7 @@
 
 #include "nvfp4kv/core/expr.hpp"
 #include "nvfp4kv/core/layout.hpp"
+#include "nvfp4kv/core/names.hpp"
 
 namespace nvfp4kv {
 
@@ -277,12 +278,19 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
   l.name = spec.name;
   l.summary = spec.summary;
   l.provenance = spec.provenance;
-  const auto pick = [&](std::optional<int64_t> o, std::optional<int64_t> d) { return o ? o : d; };
-  const std::optional<int64_t> L = pick(over.layers, spec.defaults.layers).value_or(1);
-  const std::optional<int64_t> P = pick(over.pages, spec.defaults.pages);
-  const std::optional<int64_t> N = pick(over.tokens_per_page, spec.defaults.tokens_per_page);
-  const std::optional<int64_t> H = pick(over.heads, spec.defaults.heads);
-  const std::optional<int64_t> D = pick(over.head_dim, spec.defaults.head_dim);
+  // A size the file fixes is part of the description: a different one from the
+  // caller is a contradiction, never a silent override.
+  const auto pick = [&](std::optional<int64_t> o, std::optional<int64_t> d, const char* what, const char* flag) {
+    if (o && d && *o != *d)
+      throw LayoutError("layout \"" + spec.name + "\" fixes " + what + " " + std::to_string(*d) + "; " + flag + " " +
+                        std::to_string(*o) + " contradicts it (leave " + flag + " out or give " + std::to_string(*d) + ")");
+    return o ? o : d;
+  };
+  const std::optional<int64_t> L = pick(over.layers, spec.defaults.layers, "layers", "--layers").value_or(1);
+  const std::optional<int64_t> P = pick(over.pages, spec.defaults.pages, "pages", "--pages");
+  const std::optional<int64_t> N = pick(over.tokens_per_page, spec.defaults.tokens_per_page, "tokens per page", "--tokens-per-page");
+  const std::optional<int64_t> H = pick(over.heads, spec.defaults.heads, "heads", "--heads");
+  const std::optional<int64_t> D = pick(over.head_dim, spec.defaults.head_dim, "head dim", "--head-dim");
   std::string open;
   for (auto [v, flag] : {std::pair{P, "--pages"}, {N, "--tokens-per-page"}, {H, "--heads"}, {D, "--head-dim"}})
     if (!v) open += std::string(open.empty() ? "" : ", ") + flag;
@@ -383,13 +391,24 @@ std::string to_json(const Layout& l) {
   return doc.dump(2);
 }
 
+std::vector<std::string> assumed_sizes(const LayoutSpec& spec, const DimsOverride& dims) {
+  if (dims.layers || spec.defaults.layers) return {};
+  return {"layers 1"};
+}
+
 LayoutSpec load_spec(std::string_view name_or_path) {
   if (is_preset_name(name_or_path)) return preset_spec(name_or_path);
   std::ifstream in{std::string(name_or_path), std::ios::binary};
   if (!in) {
     std::string names;
-    for (const PresetInfo& p : list_presets()) names += " " + p.name;
-    throw LayoutError(quote_text(name_or_path) + " is neither a preset nor a readable file; presets:" + names);
+    std::vector<std::string> all;
+    for (const PresetInfo& p : list_presets()) {
+      names += " " + p.name;
+      all.push_back(p.name);
+      all.insert(all.end(), p.former_names.begin(), p.former_names.end());
+    }
+    throw LayoutError(quote_text(name_or_path) + " is neither a preset nor a readable file" +
+                      did_you_mean(name_or_path, all) + "; presets:" + names);
   }
   // One byte past the bound is enough to refuse; never read a device or a pipe without end.
   std::string text(kMaxTextBytes + 1, '\0');

@@ -17,6 +17,42 @@ std::string bytes_text(int64_t b) {
   return s.str();
 }
 
+// A layout of one's own: what one page adds is the size at two pages minus the
+// size at one; whatever does not grow with pages is fixed.
+Plan plan_own(const PlanRequest& q, int64_t heads, int64_t first_head) {
+  const auto fail = [](const std::string& m) { throw LayoutError("plan: " + m); };
+  const auto at = [&](int64_t pages) {
+    return instantiate(*q.layout, {q.layers, pages, q.tokens_per_page, heads, q.head_dim});
+  };
+  const Layout one = at(1), two = at(2);
+  const int64_t per_page = two.total_bytes() - one.total_bytes();
+  const int64_t fixed = one.total_bytes() - per_page;
+  if (per_page < 1 || fixed < 0)
+    fail("layout \"" + one.name + "\" does not grow by a whole page per page (" + std::to_string(one.total_bytes()) +
+         " B at one page, " + std::to_string(two.total_bytes()) + " B at two); its buffer sizes must be linear in P");
+  int64_t pages = 0;
+  if (q.pages) {
+    if (*q.pages < 1) fail("page count must be >= 1, got " + std::to_string(*q.pages));
+    pages = *q.pages;
+  } else {
+    if (*q.memory_bytes < 1) fail("memory budget must be > 0 bytes, got " + std::to_string(*q.memory_bytes));
+    pages = (*q.memory_bytes - fixed) / per_page;
+    if (pages < 1)
+      fail("a budget of " + bytes_text(*q.memory_bytes) + " holds no page of layout \"" + one.name + "\": one page of all " +
+           std::to_string(one.dims.layers) + " layers needs " + std::to_string(fixed + per_page) + " bytes");
+  }
+  if (i128(per_page) * pages + fixed > i128(INT64_MAX) / 4)
+    fail("the allocation overflows 64-bit sizes; lower the page count or budget");
+  const Layout l = at(pages);
+  const CheckResult res = check(l);
+  if (!res.valid) fail("layout \"" + l.name + "\" at " + std::to_string(pages) + " pages is " + res.report.summary());
+  Plan p{*res.valid, heads, first_head, per_page / std::max<int64_t>(1, l.dims.layers), per_page,
+         pages * l.dims.tokens_per_page, l.total_bytes()};
+  p.fixed_bytes = fixed;
+  p.native = false;
+  return p;
+}
+
 }  // namespace
 
 Plan plan(const PlanRequest& q) {
@@ -46,6 +82,11 @@ Plan plan(const PlanRequest& q) {
   }
   if (q.memory_bytes && q.pages) fail("give either a memory budget or a page count, not both");
   if (!q.memory_bytes && !q.pages) fail("give a memory budget (--memory) or a page count (--pages)");
+  if (q.layout) {
+    if (q.cross_layer || q.interleave_v_scales)
+      fail("cross-layer and interleaved V scales shape the native layout; a layout of one's own says both itself");
+    return plan_own(q, heads_per_rank, first_head);
+  }
   // Bytes of one page of one layer, from the native layout itself.
   // (The layout's evaluation rule bounds heads, head dim and page size: sizes past it are refused here.)
   const auto native = [&](const char* name, const DimsOverride& dims) {
@@ -87,7 +128,9 @@ std::string Plan::summary() const {
   const CacheDims& d = l.dims;
   const int64_t useful = 2 * d.heads * d.tokens_per_page * (d.data_bytes() + d.scale_bytes());
   std::ostringstream s;
-  s << "layout          " << l.name << (l.buffers[0].per_layer ? " (one buffer per layer)" : " (one buffer, all layers)") << "\n"
+  s << "layout          " << l.name
+    << (l.buffers.size() > 1 ? " (" + std::to_string(l.buffers.size()) + " buffers)"
+        : l.buffers[0].per_layer ? std::string(" (one buffer per layer)") : std::string(" (one buffer, all layers)")) << "\n"
     << "kv heads/rank   " << heads_per_rank << " (global "
     << (heads_per_rank == 1 ? "head " + std::to_string(first_head)
                             : "heads " + std::to_string(first_head) + ".." + std::to_string(first_head + heads_per_rank - 1))
@@ -97,9 +140,16 @@ std::string Plan::summary() const {
     << "pages           " << d.pages << "\n"
     << "token capacity  " << token_capacity << "\n"
     << "total           " << total_bytes << " B (" << bytes_text(total_bytes) << ")";
-  if (l.dims.layers > 1 || !l.buffers[0].per_layer)
-    s << "\nallocation      " << (l.buffers[0].per_layer ? std::to_string(d.layers) + " x " : std::string("1 x "))
-      << l.buffers[0].bytes << " B";
+  if (l.dims.layers > 1 || !l.buffers[0].per_layer || l.buffers.size() > 1) {
+    s << "\nallocation      ";
+    for (size_t i = 0; i < l.buffers.size(); ++i) {
+      const Buffer& b = l.buffers[i];
+      s << (i ? ", " : "") << (l.buffers.size() > 1 ? "\"" + b.name + "\" " : std::string())
+        << (b.per_layer ? std::to_string(d.layers) + " x " : std::string("1 x ")) << b.bytes << " B";
+    }
+  }
+  if (fixed_bytes > 0) s << "\nfixed           " << fixed_bytes << " B that do not grow with pages";
+  if (!native) return s.str();
   s << "\nper (page, head) one contiguous " << 2 * (l.region(Region::kVData).offset) << " B span (K then V), rows "
     << layout.report().access[0].vector_bytes << "-byte aligned";
   return s.str();

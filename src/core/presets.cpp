@@ -2,6 +2,7 @@
 #include <utility>
 
 #include "nvfp4kv/core/layout.hpp"
+#include "nvfp4kv/core/names.hpp"
 
 namespace nvfp4kv {
 namespace detail {
@@ -52,12 +53,15 @@ bool is_preset_name(std::string_view name) {
 LayoutSpec preset_spec(std::string_view name) {
   const std::string_view now = current_name(name);
   std::string names;
+  std::vector<std::string> all;
   for (int i = 0; i < detail::kPresetFileCount; ++i) {
     const LayoutSpec spec = parse_layout_spec(detail::kPresetFiles[i].second);
     if (spec.name == now) return spec;
     names += " " + spec.name;
+    all.push_back(spec.name);
   }
-  throw LayoutError("no preset named \"" + std::string(name) + "\"; presets:" + names);
+  for (const auto& [former, now_name] : kFormerNames) all.emplace_back(former);
+  throw LayoutError("no preset named \"" + std::string(name) + "\"" + did_you_mean(name, all) + "; presets:" + names);
 }
 
 }  // namespace nvfp4kv

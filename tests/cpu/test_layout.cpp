@@ -56,8 +56,18 @@ TEST(LayoutText, ParsesInstantiatesAndPrintsBack) {
   // The printed form loads back to the same layout.
   const Layout again = instantiate(parse_layout_spec(to_json(l)), {});
   EXPECT_EQ(to_json(again), to_json(l));
-  // Overrides win over the file's defaults.
-  EXPECT_EQ(instantiate(parse_layout_spec(kTinyLayout), {std::nullopt, 9}).dims.pages, 9);
+  // A size the file fixes may be repeated, never contradicted; open ones come from the caller.
+  EXPECT_EQ(instantiate(parse_layout_spec(kTinyLayout), {std::nullopt, 3}).dims.pages, 3);
+  try {
+    instantiate(parse_layout_spec(kTinyLayout), {std::nullopt, 9});
+    ADD_FAILURE() << "a contradicting page count was accepted";
+  } catch (const LayoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("layout \"tiny\" fixes pages 3; --pages 9 contradicts it"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(instantiate(parse_layout_spec(kTinyLayout), {7}).dims.layers, 7);
+  EXPECT_EQ(assumed_sizes(parse_layout_spec(kTinyLayout), {}), std::vector<std::string>{"layers 1"});
+  EXPECT_TRUE(assumed_sizes(parse_layout_spec(kTinyLayout), {2}).empty());
 }
 
 TEST(LayoutText, RejectsBadTextWithAMessage) {
@@ -74,12 +84,20 @@ TEST(LayoutText, RejectsBadTextWithAMessage) {
   EXPECT_NE(msg(std::string(t).replace(t.find("\"token\": \"dd\""), 7, "\"tokn\"")).find("unknown key \"tokn\""),
             std::string::npos);
   EXPECT_NE(msg(std::string(t).replace(t.find("\"heads\": 2, "), 12, "")).find("--heads"), std::string::npos);
-  EXPECT_NE(msg(t, {std::nullopt, std::nullopt, std::nullopt, std::nullopt, 40}).find("multiple of 16"),
+  EXPECT_NE(msg(std::string(t).replace(t.find("\"head_dim\": 32"), 14, "\"head_dim\": 40")).find("multiple of 16"),
             std::string::npos);
   EXPECT_NE(msg(std::string(t).replace(t.find("\"k_data\""), 8, "\"k_dat\"")).find("unknown key"), std::string::npos);
 }
 
-Layout tiny(const DimsOverride& d = {}) { return instantiate(parse_layout_spec(kTinyLayout), d); }
+// The tiny layout; sizes given here replace the ones its text fixes.
+Layout tiny(const DimsOverride& d = {}) {
+  LayoutSpec spec = parse_layout_spec(kTinyLayout);
+  if (d.pages) spec.defaults.pages.reset();
+  if (d.heads) spec.defaults.heads.reset();
+  if (d.head_dim) spec.defaults.head_dim.reset();
+  if (d.tokens_per_page) spec.defaults.tokens_per_page.reset();
+  return instantiate(spec, d);
+}
 
 TEST(Check, AcceptsASoundLayoutAndReportsAlignment) {
   const CheckResult r = check(tiny());

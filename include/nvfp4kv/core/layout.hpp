@@ -161,7 +161,7 @@ struct CompareReport {
   int64_t elements = 0;     // all layers, pages, regions
   int64_t misplaced = 0;    // elements the two place at different (buffer, byte)
   std::array<int64_t, kRegionCount> misplaced_per_region{};
-  std::vector<Misplacement> examples;  // the first few, in coordinate order
+  std::vector<Misplacement> examples;  // a few, spread over regions and rows (spread_examples)
   std::string summary(const std::string& writer_name, const std::string& reader_name) const;
 };
 
@@ -169,7 +169,8 @@ struct CompareReport {
 CompareReport compare(const Layout& writer, const Layout& reader, int max_examples = 5);
 
 // ---- text form ----------------------------------------------------------------
-// Sizes a layout file may leave open; set ones override the file's defaults.
+// Sizes a layout file may leave open. A size the file fixes may be repeated but not
+// contradicted: instantiate throws when a set one differs from the file's.
 struct DimsOverride {
   std::optional<int64_t> layers, pages, tokens_per_page, heads, head_dim;
 };
@@ -200,6 +201,9 @@ struct LayoutSpec {
 
 LayoutSpec parse_layout_spec(std::string_view json_text);          // throws LayoutError
 Layout instantiate(const LayoutSpec& spec, const DimsOverride& dims);  // throws LayoutError
+// The sizes instantiate would take from neither the file nor `dims` (today only
+// layers, which defaults to 1), as "layers 1": what a command assumed, to say so.
+std::vector<std::string> assumed_sizes(const LayoutSpec& spec, const DimsOverride& dims);
 std::string to_json(const Layout& layout);                          // concrete, numbers only
 
 // ---- presets --------------------------------------------------------------------

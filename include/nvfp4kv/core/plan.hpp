@@ -1,6 +1,6 @@
 #pragma once
 // Planning an allocation: from model and memory sizes to nvfp4kv's native
-// layout, its bytes per page and its token capacity (docs/layouts.md says why
+// layout (or one's own), its bytes per page and its token capacity (docs/layouts.md says why
 // the native layout looks the way it does).
 #include <optional>
 #include <string>
@@ -19,6 +19,9 @@ struct PlanRequest {
   int64_t tp_size = 1, tp_rank = 0;
   bool cross_layer = false;  // one allocation for all layers instead of one per layer
   bool interleave_v_scales = false;  // TensorRT-LLM's 4-token interleave of each V-scale plane
+  // A layout of one's own instead of the native one (its open sizes are filled from
+  // the request; a size it fixes must agree): sized by what one page adds to it.
+  std::optional<LayoutSpec> layout;
 };
 
 struct Plan {
@@ -29,6 +32,8 @@ struct Plan {
   int64_t bytes_per_page = 0;           // all layers
   int64_t token_capacity = 0;
   int64_t total_bytes = 0;
+  int64_t fixed_bytes = 0;              // bytes that do not grow with pages (0 for the native layout)
+  bool native = true;                   // nvfp4kv's layout, not one of the request's
   std::string summary() const;
 };
 
