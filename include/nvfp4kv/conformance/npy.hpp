@@ -1,0 +1,39 @@
+#pragma once
+// NumPy's .npy files (format version 1.0 written; 1.0, 2.0 and 3.0 read): the
+// arrays of the conformance kit, readable by any engine's test without nvfp4kv.
+// Little-endian, C order. NumPy has no bfloat16: bf16 arrays are written as
+// '<u2' bit patterns (torch: torch.from_numpy(a).view(torch.bfloat16)) and read
+// from '<u2', '<i2' or a 2-byte void type ('|V2', as ml_dtypes' bfloat16 saves).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nvfp4kv/core/half.hpp"
+
+namespace nvfp4kv::conformance {
+
+struct NpyArray {
+  std::string descr;           // "<f4", "<f2", "<u2", "<i4", "<i8", "|u1", ...
+  std::vector<int64_t> shape;  // () for a scalar
+  std::vector<uint8_t> bytes;  // the elements, C order, little-endian
+  int64_t elements() const;
+  int item_bytes() const;      // from descr
+};
+
+// Throws Error naming the file when it cannot be written.
+void write_npy(const std::string& path, const NpyArray& array);
+// Throws Error naming the file and what is wrong: not .npy, a big-endian or
+// Fortran-order array, a shape that does not match the data, a header past 64 KiB.
+NpyArray read_npy(const std::string& path);
+
+NpyArray npy_f32(const std::vector<float>& values, std::vector<int64_t> shape);
+NpyArray npy_i32(const std::vector<int32_t>& values, std::vector<int64_t> shape);
+NpyArray npy_i64(const std::vector<int64_t>& values, std::vector<int64_t> shape);
+// 16-bit elements: bf16 as '<u2' bit patterns, fp16 as '<f2'.
+NpyArray npy_16bit(const std::vector<uint16_t>& values, ElementType type, std::vector<int64_t> shape);
+
+// The elements as floats: '<f4', '<f8', '<f2', and 16-bit integer or void types
+// taken as bf16 bit patterns. Throws Error naming `what` for anything else.
+std::vector<float> npy_to_floats(const NpyArray& array, const std::string& what);
+
+}  // namespace nvfp4kv::conformance
