@@ -1,15 +1,17 @@
 # What `cmake --install` puts in place for an engine's build:
 #   include/nvfp4kv/...                     the public headers (core, api, reference)
-#   lib/libnvfp4kv_{core,reference,cuda}.a  position-independent static libraries
+#   lib/libnvfp4kv_{core,reference,conformance,cuda}.a  position-independent static libraries
 #   lib/cmake/nvfp4kv/                      nvfp4kvConfig.cmake, its version file, the targets
 #   bin/nvfp4kv                             the CLI (component "tools")
 # so that an engine says find_package(nvfp4kv CONFIG) and links nvfp4kv::cuda
-# (kernels and host API), nvfp4kv::reference or nvfp4kv::core. The harness is
+# (kernels and host API), nvfp4kv::reference, nvfp4kv::conformance (the kit and
+# its checks, to run an engine's own writer and reader in its tests) or
+# nvfp4kv::core. The harness is
 # test and tool code and stays out.
 include(CMakePackageConfigHelpers)
 
 set(NVFP4KV_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/nvfp4kv)
-set(_nvfp4kv_installed nvfp4kv_headers nvfp4kv_core nvfp4kv_reference)
+set(_nvfp4kv_installed nvfp4kv_headers nvfp4kv_core nvfp4kv_reference nvfp4kv_conformance)
 if(NVFP4KV_HAVE_CUDA)
   list(APPEND _nvfp4kv_installed nvfp4kv_cuda)
 endif()

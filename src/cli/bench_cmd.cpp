@@ -33,13 +33,41 @@ std::vector<int64_t> integer_list(const Args& a, const std::string& name, int64_
   return out;
 }
 
+
+const CommandSpec& bench_spec() {
+  static const CommandSpec s{
+      "bench decode", "",
+      "Time decode attention on the GPU over a grid of shapes (each value list is comma-separated): the cache in\n"
+      "a page pool larger than the L2, CUDA graph replay, the median per call, against the streaming-read ceiling.",
+      {{"batch", "B,...", "sequences (default 8)"},
+       {"context", "L,...", "tokens per sequence (default 8192)"},
+       {"q-heads", "H,...", "query heads (default 32)"},
+       {"kv-heads", "H,...", "kv heads (default 8)"},
+       {"head-dim", "D,...", "head dim (default 128)"},
+       {"tokens-per-page", "N", "tokens per page (default 16)"},
+       {"layout", "LAYOUT", "the cache layout (default nvfp4kv-native)"},
+       {"max-gib", "G", "skip shapes whose cache needs more (default 40)"},
+       {"fp16", nullptr, "fp16 queries and output instead of bf16"},
+       {"json", nullptr, "one JSON object per line: the ceiling, then each shape"}},
+      "Without a GPU it says so and exits 3."};
+  return s;
+}
+
 }  // namespace
 
 int run_bench(const std::vector<std::string>& argv) {
-  if (argv.empty() || argv[0] != "decode") throw UsageError("bench needs a kernel: bench decode [options]");
-  const Args a(std::vector<std::string>(argv.begin() + 1, argv.end()), {"json", "fp16"},
-               {"batch", "context", "q-heads", "kv-heads", "head-dim", "tokens-per-page", "layout", "max-gib"});
-  if (!a.positional().empty()) throw UsageError("unexpected argument \"" + a.positional()[0] + "\"");
+  if (!argv.empty() && (argv[0] == "--help" || argv[0] == "-h")) {
+    std::cout << help_text(bench_spec());
+    return kExitOk;
+  }
+  if (argv.empty() || argv[0] != "decode")
+    throw UsageError("bench needs a kernel: bench decode [options] (nvfp4kv bench decode --help lists them)");
+  const Args a(std::vector<std::string>(argv.begin() + 1, argv.end()), bench_spec());
+  if (a.help()) {
+    std::cout << help_text(bench_spec());
+    return kExitOk;
+  }
+  if (!a.positional().empty()) throw UsageError("unexpected argument " + quote_text(a.positional()[0]));
   const auto batches = integer_list(a, "batch", 8), contexts = integer_list(a, "context", 8192);
   const auto q_heads = integer_list(a, "q-heads", 32), kv_heads = integer_list(a, "kv-heads", 8);
   const auto dims = integer_list(a, "head-dim", 128);
@@ -49,7 +77,7 @@ int run_bench(const std::vector<std::string>& argv) {
   std::string why;
   if (!cuda_device_available(&why)) {
     std::cerr << "nvfp4kv bench: " << why << "; decode attention needs a GPU\n";
-    return 1;
+    return kExitUnavailable;
   }
   const bool json = a.flag("json");
   const double ceiling = harness::read_ceiling_tbs();
@@ -86,8 +114,8 @@ int run_bench(const std::vector<std::string>& argv) {
   return 0;
 #else
   (void)batches, (void)contexts, (void)q_heads, (void)kv_heads, (void)dims, (void)page, (void)max_bytes;
-  std::cerr << "nvfp4kv bench: this nvfp4kv was built without CUDA (no nvcc at configure time)\n";
-  return 1;
+  std::cerr << "nvfp4kv bench: this nvfp4kv was built without CUDA (no nvcc at configure time), so there are no kernels to time\n";
+  return kExitUnavailable;
 #endif
 }
 

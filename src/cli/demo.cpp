@@ -54,10 +54,29 @@ void attention_sections(bool cpu_only, uint64_t seed) {
 #endif
 }
 
+
+const CommandSpec& demo_spec() {
+  static const CommandSpec s{"demo", "",
+                             "The tour: what NVFP4 costs in accuracy and in attention, what a broken layout looks like,\n"
+                             "and a round trip through nvfp4kv's native layout (on the GPU when there is one).",
+                             {{"tokens", "T", "tokens of the synthetic KV tensor (default 2048)"},
+                              {"seed", "S", "seed (default 7)"},
+                              {"cpu-only", nullptr, "skip the GPU sections"}},
+                             ""};
+  return s;
+}
+
 }  // namespace
 
 int run_demo(const std::vector<std::string>& argv) {
-  const Args a(argv, {"cpu-only"}, {"tokens", "seed"});
+  const Args a(argv, demo_spec());
+  if (a.help()) {
+    std::cout << help_text(demo_spec());
+    return kExitOk;
+  }
+  if (!a.positional().empty()) throw UsageError("unexpected argument " + quote_text(a.positional()[0]));
+  StderrProgress progress("demo");
+  const Progress tell = progress.callback();
   const int64_t tokens = a.integer("tokens").value_or(2048);
   // About half a millisecond per token on one core beyond the fixed sections: 8192 tokens stay within seconds.
   constexpr int64_t kMaxTokens = 8192;
@@ -65,6 +84,7 @@ int run_demo(const std::vector<std::string>& argv) {
     throw UsageError("--tokens must be in [1, " + std::to_string(kMaxTokens) + "], got " + std::to_string(tokens));
   const uint64_t seed = uint64_t(a.integer("seed").value_or(7));
   constexpr int64_t kHeads = 8, kDim = 128;
+  tell("1. quantizing the synthetic KV tensor", 0.0);
   std::cout << "nvfp4kv demo\n============\n\n"
             << "1. What 4-bit storage costs in accuracy\n"
             << "   One layer of a synthetic KV cache shaped like Llama-3-8B (" << tokens
@@ -100,6 +120,7 @@ int run_demo(const std::vector<std::string>& argv) {
   }
   std::cout << "\n   NVFP4 keeps about 1/10 relative error at 1152 B per token: 3.56x smaller than BF16.\n\n";
 
+  tell("2. the broken layouts", 0.3);
   std::cout << "2. The bug class nvfp4kv exists to stop\n"
             << "   vLLM's packed NHD cache, as its writer and its reader address it (H=1, D=128, N=16):\n";
   for (const char* name : {"vllm-packed-nhd-writer-sm12x", "vllm-packed-nhd-reader-sm120"}) {
@@ -156,11 +177,13 @@ int run_demo(const std::vector<std::string>& argv) {
   harness::RoundtripOptions opt;
   opt.seed = seed;
   opt.use_gpu = !a.flag("cpu-only");
+  tell("3. the round trip", 0.5);
   const bool ok = print_roundtrip(harness::roundtrip(native, opt), std::cout);
+  tell("4. attention over the cache", 0.7);
   attention_sections(a.flag("cpu-only"), seed);
   std::cout << "\nNext: nvfp4kv layout presets | nvfp4kv layout check <your layout.json> | nvfp4kv roundtrip --layout ...\n"
             << "      nvfp4kv bench decode --batch 8 --context 32768   (decode attention on the GPU)\n";
-  return ok ? 0 : 1;
+  return ok ? kExitOk : kExitVerdict;
 }
 
 }  // namespace nvfp4kv::cli

@@ -1,8 +1,11 @@
 // nvfp4kv layout presets | show | check | compare | plan
 #include <iomanip>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "cli.hpp"
+#include "nvfp4kv/core/layout_diff.hpp"
+#include "nvfp4kv/core/names.hpp"
 #include "nvfp4kv/core/plan.hpp"
 
 namespace nvfp4kv::cli {
@@ -11,10 +14,62 @@ namespace {
 // Sizes used where neither the layout nor the command line sets them, for listing only.
 const DimsOverride kListingDims{1, 4, 16, 8, 128};
 
-std::string load_and_fill(const std::string& what, const Args& a, Layout& out) {
-  const LayoutSpec spec = load_spec(what);
-  out = instantiate(spec, dims_from(a));
-  return spec.name;
+std::vector<OptionSpec> with_sizes(std::vector<OptionSpec> more) {
+  std::vector<OptionSpec> o = size_options();
+  o.insert(o.end(), more.begin(), more.end());
+  o.push_back(kJsonOption);
+  return o;
+}
+
+const CommandSpec& presets_spec() {
+  static const CommandSpec s{"layout presets", "", "List the built-in layouts: verdict, summary, provenance, former names.",
+                             {kJsonOption}, ""};
+  return s;
+}
+const CommandSpec& show_spec() {
+  static const CommandSpec s{
+      "layout show", "LAYOUT",
+      "Print a layout's provenance, regions, sizes, capacity, its check and a byte map of one page.",
+      with_sizes({{"layer", "L", "the layer whose page the byte map draws (default 0)"},
+                  {"page", "P", "the page the byte map draws (default 0)"}}),
+      "With --json, \"layout_json\" holds the layout with every number evaluated: a file `layout check` loads."};
+  return s;
+}
+const CommandSpec& check_spec() {
+  static const CommandSpec s{"layout check", "LAYOUT",
+                             "Prove a layout sound over every layer and page, or say where it breaks.", with_sizes({}), ""};
+  return s;
+}
+const CommandSpec& compare_spec() {
+  static const CommandSpec s{
+      "layout compare", "WRITER READER",
+      "Count, over every layer and page, the elements two descriptions place at different bytes; show examples\n"
+      "spread over regions and rows, and which strides differ.",
+      with_sizes({{"examples", "N", "how many misplaced elements to show (default 5)"}}), ""};
+  return s;
+}
+const CommandSpec& plan_spec() {
+  static const CommandSpec s{
+      "layout plan", "",
+      "Size an allocation: pages, token capacity and bytes, for nvfp4kv's native layout or a layout of one's own.",
+      {{"layers", "L", "model layers (required)"},
+       {"kv-heads", "H", "kv heads of the whole model (required)"},
+       {"head-dim", "D", "head dim (required unless --layout fixes it)"},
+       {"tokens-per-page", "N", "tokens per page (default 16, or what --layout fixes)"},
+       {"memory", "BYTES", "budget for this rank's cache, all layers: 4096, 512MiB, 40GiB"},
+       {"pages", "P", "a page count instead of a budget"},
+       {"tp-size", "T", "tensor-parallel size (default 1)"},
+       {"tp-rank", "R", "this rank (default 0)"},
+       {"layout", "LAYOUT", "size this layout (a preset or a file) instead of the native one"},
+       {"cross-layer", nullptr, "native layout: one allocation for all layers"},
+       {"v-scales", "linear|interleave4", "native layout: V scales linear (default) or in the 4-token interleave"},
+       kJsonOption},
+      ""};
+  return s;
+}
+
+void print_assumed(const std::vector<std::string>& assumed) {
+  if (!assumed.empty()) std::cout << assumed_line(assumed) << "\n";
 }
 
 void print_regions(const Layout& l, const CheckReport* rep) {
@@ -23,7 +78,7 @@ void print_regions(const Layout& l, const CheckReport* rep) {
             << ", heads " << d.heads << ", head dim " << d.head_dim << "  (data row " << d.data_bytes()
             << " B, scale row " << d.scale_bytes() << " B)\n";
   for (const Buffer& b : l.buffers)
-    std::cout << "buffer   " << quote_text(b.name) << " " << b.bytes << " B" << (b.per_layer ? " per layer" : " (all layers)")
+    std::cout << "buffer   \"" << b.name << "\" " << b.bytes << " B" << (b.per_layer ? " per layer" : " (all layers)")
               << "\n";
   std::cout << "region     buffer        offset      layer       page     head  token            column         vector\n";
   for (Region r : kAllRegions) {
@@ -40,30 +95,54 @@ void print_regions(const Layout& l, const CheckReport* rep) {
             << " layer(s), " << double(l.total_bytes()) / double(cells * d.layers) << " B per token per layer\n";
 }
 
-int cmd_presets() {
-  std::cout << "built-in layouts (verdicts at layers 1, pages 4, tokens/page 16, heads 8, head dim 128):\n";
+int cmd_presets(const Args& a) {
+  if (!a.positional().empty()) throw UsageError("presets takes no arguments");
+  Json list = Json::array();
+  if (!a.flag("json"))
+    std::cout << "built-in layouts (verdicts at layers 1, pages 4, tokens/page 16, heads 8, head dim 128):\n";
   for (const PresetInfo& p : list_presets()) {
     const CheckResult res = check(instantiate(preset_spec(p.name), kListingDims));
+    list.push_back({{"name", p.name}, {"verdict", res.report.ok ? "sound" : "rejected"}, {"summary", p.summary},
+                    {"provenance", provenance_json(p.provenance)}, {"former_names", p.former_names}});
+    if (a.flag("json")) continue;
     std::cout << "  " << std::left << std::setw(33) << p.name << std::right << (res.report.ok ? "sound   " : "REJECTED")
               << "  " << p.summary << "\n"
               << provenance_text(p.provenance, "      ", false);
     for (const std::string& f : p.former_names) std::cout << "      former name " << f << "\n";
   }
+  if (a.flag("json")) {
+    print_json("layout presets", {{"listing_dims", dims_json({1, 4, 16, 8, 128})}, {"presets", list}});
+    return kExitOk;
+  }
   std::cout << "use them by name, or write your own (docs/layouts.md); layout show NAME prints the expressions\n";
-  return 0;
+  return kExitOk;
 }
 
 int cmd_show(const Args& a) {
   if (a.positional().size() != 1) throw UsageError("show takes one LAYOUT");
-  Layout l;
-  load_and_fill(a.positional()[0], a, l);
-  if (a.flag("json")) {
-    std::cout << to_json(l) << "\n";
-    return 0;
-  }
+  const LoadedLayout ld = load_layout(a.positional()[0], dims_from(a), {1});
+  const Layout& l = ld.layout;
   // Drawn first: a page that cannot be drawn is refused before anything is printed.
-  const std::string map = byte_map(l, a.integer("layer").value_or(0), a.integer("page").value_or(0));
+  const std::string map = a.flag("json") ? "" : byte_map(l, a.integer("layer").value_or(0), a.integer("page").value_or(0));
   const CheckResult res = check(l);
+  if (a.flag("json")) {
+    Json buffers = Json::array();
+    for (const Buffer& b : l.buffers) buffers.push_back({{"name", b.name}, {"bytes", b.bytes}, {"per_layer", b.per_layer}});
+    const int64_t cells = l.dims.pages * l.dims.tokens_per_page;
+    print_json("layout show", {{"layout", l.name},
+                          {"summary", l.summary},
+                          {"provenance", provenance_json(l.provenance)},
+                          {"dims", dims_json(l.dims)},
+                          {"assumed", ld.assumed},
+                          {"buffers", buffers},
+                          {"capacity_tokens", cells},
+                          {"total_bytes", l.total_bytes()},
+                          {"bytes_per_token_per_layer", double(l.total_bytes()) / double(cells * l.dims.layers)},
+                          {"check", check_json(res.report)},
+                          {"layout_json", layout_json(l)}});
+    return verdict_code(res.report);
+  }
+  print_assumed(ld.assumed);
   std::cout << "layout   " << l.name << "\n";
   if (!l.summary.empty()) std::cout << "         " << l.summary << "\n";
   std::cout << provenance_text(l.provenance, "         ", true);
@@ -74,42 +153,77 @@ int cmd_show(const Args& a) {
 
 int cmd_check(const Args& a) {
   if (a.positional().size() != 1) throw UsageError("check takes one LAYOUT");
-  Layout l;
-  load_and_fill(a.positional()[0], a, l);
-  const CheckResult res = check(l);
-  if (!res.report.ok) {
-    std::cerr << l.name << ": " << res.report.summary() << "\n";
+  const LoadedLayout ld = load_layout(a.positional()[0], dims_from(a), {1});
+  const CheckResult res = check(ld.layout);
+  if (a.flag("json")) {
+    print_json("layout check", {{"layout", ld.layout.name}, {"dims", dims_json(ld.layout.dims)}, {"assumed", ld.assumed},
+                           {"check", check_json(res.report)}});
     return verdict_code(res.report);
   }
-  std::cout << l.name << ": " << res.report.summary() << "\n";
+  print_assumed(ld.assumed);
+  std::cout << ld.layout.name << ": " << res.report.summary() << "\n";
+  if (!res.report.ok) return verdict_code(res.report);
   std::cout << "widest vector access per row:";
-  for (Region r : kAllRegions)
-    std::cout << " " << region_name(r) << " " << res.report.access[size_t(r)].vector_bytes << " B";
+  for (Region r : kAllRegions) std::cout << " " << region_name(r) << " " << res.report.access[size_t(r)].vector_bytes << " B";
   std::cout << "\n";
-  return 0;
+  return kExitOk;
 }
 
 int cmd_compare(const Args& a) {
   if (a.positional().size() != 2) throw UsageError("compare takes WRITER and READER");
-  Layout w, r;
-  load_and_fill(a.positional()[0], a, w);
-  load_and_fill(a.positional()[1], a, r);
-  const CompareReport rep = compare(w, r);
-  (rep.agree ? std::cout : std::cerr) << rep.summary(w.name, r.name) << "\n";
-  return rep.agree ? 0 : 1;
+  const int64_t examples = a.integer("examples").value_or(5);
+  if (examples < 0 || examples > 10000) throw UsageError("--examples must be in [0, 10000], got " + std::to_string(examples));
+  const LoadedLayout w = load_layout(a.positional()[0], dims_from(a), {1});
+  // The reader takes the writer's sizes where it leaves them open.
+  const CacheDims& wd = w.layout.dims;
+  const LoadedLayout r = load_layout(a.positional()[1], dims_from(a), {wd.layers, wd.pages, wd.tokens_per_page, wd.heads, wd.head_dim});
+  const CompareReport rep = compare(w.layout, r.layout, int(examples));
+  const std::vector<MapDifference> diffs = map_differences(w.layout, r.layout);
+  if (a.flag("json")) {
+    Json ex = Json::array(), di = Json::array(), per = Json::object();
+    for (const Misplacement& m : rep.examples) {
+      Json e = element_json(m.region, m.coord);
+      e["writer"] = {{"buffer", m.writer_buffer}, {"byte", m.writer_byte}};
+      e["reader"] = {{"buffer", m.reader_buffer}, {"byte", m.reader_byte}};
+      ex.push_back(e);
+    }
+    for (const MapDifference& m : diffs)
+      di.push_back({{"region", region_name(m.region)}, {"field", m.field}, {"writer", m.a}, {"reader", m.b},
+                    {"note", m.note}, {"text", m.text("the reader")}});
+    for (Region reg : kAllRegions) per[region_name(reg)] = rep.misplaced_per_region[size_t(reg)];
+    print_json("layout compare", {{"writer", w.layout.name}, {"reader", r.layout.name}, {"dims", dims_json(wd)},
+                             {"assumed", w.assumed}, {"agree", rep.agree}, {"elements", rep.elements},
+                             {"misplaced", rep.misplaced}, {"misplaced_per_region", per}, {"examples", ex},
+                             {"differences", di}});
+    return rep.agree ? kExitOk : kExitVerdict;
+  }
+  print_assumed(w.assumed);
+  std::cout << rep.summary(w.layout.name, r.layout.name) << "\n";
+  if (!diffs.empty()) {
+    std::cout << "what differs (\"" << w.layout.name << "\" is the writer):\n";
+    for (const MapDifference& m : diffs) std::cout << "  " << m.text("the reader") << "\n";
+  }
+  return rep.agree ? kExitOk : kExitVerdict;
 }
 
 int cmd_plan(const Args& a) {
+  if (!a.positional().empty()) throw UsageError("plan takes options only, got " + quote_text(a.positional()[0]));
   PlanRequest q;
-  const auto need = [&](const char* name) {
+  std::optional<LayoutSpec> own;
+  if (const auto l = a.get("layout")) own = load_spec(*l);
+  const auto need = [&](const char* name, std::optional<int64_t> from_layout) {
     const auto v = a.integer(name);
-    if (!v) throw UsageError(std::string("plan needs --") + name);
-    return *v;
+    if (v) return *v;
+    if (from_layout) return *from_layout;
+    throw UsageError(std::string("plan needs --") + name);
   };
-  q.layers = need("layers");
-  q.kv_heads = need("kv-heads");
-  q.head_dim = need("head-dim");
-  q.tokens_per_page = a.integer("tokens-per-page").value_or(16);
+  q.layers = need("layers", std::nullopt);
+  q.kv_heads = need("kv-heads", std::nullopt);
+  q.head_dim = need("head-dim", own ? own->defaults.head_dim : std::nullopt);
+  std::vector<std::string> assumed;
+  if (const auto n = a.integer("tokens-per-page")) q.tokens_per_page = *n;
+  else if (own && own->defaults.tokens_per_page) q.tokens_per_page = *own->defaults.tokens_per_page;
+  else assumed.push_back("tokens per page 16");
   q.memory_bytes = a.bytes("memory");
   q.pages = a.integer("pages");
   q.tp_size = a.integer("tp-size").value_or(1);
@@ -118,35 +232,67 @@ int cmd_plan(const Args& a) {
   const std::string vs = a.get("v-scales").value_or("linear");
   if (vs == "interleave4") q.interleave_v_scales = true;
   else if (vs != "linear") throw UsageError("--v-scales expects linear or interleave4, got " + quote_text(vs));
+  q.layout = own;
   const Plan p = plan(q);
+  const Layout& l = p.layout.layout();
   if (a.flag("json")) {
-    std::cout << to_json(p.layout.layout()) << "\n";
-    return 0;
+    print_json("layout plan", {{"layout", l.name},
+                          {"native", p.native},
+                          {"dims", dims_json(l.dims)},
+                          {"assumed", assumed},
+                          {"heads_per_rank", p.heads_per_rank},
+                          {"first_head", p.first_head},
+                          {"pages", l.dims.pages},
+                          {"bytes_per_page_per_layer", p.bytes_per_page_per_layer},
+                          {"bytes_per_page", p.bytes_per_page},
+                          {"token_capacity", p.token_capacity},
+                          {"total_bytes", p.total_bytes},
+                          {"fixed_bytes", p.fixed_bytes},
+                          {"check", check_json(p.layout.report())},
+                          {"layout_json", layout_json(l)}});
+    return kExitOk;
   }
+  if (!assumed.empty()) std::cout << "assumed: tokens per page 16 (--tokens-per-page sets it)\n";
   std::cout << p.summary() << "\n" << "check           " << p.layout.report().summary() << "\n";
-  return 0;
+  return kExitOk;
 }
+
+const std::vector<std::string> kSubcommands = {"presets", "show", "check", "compare", "plan"};
 
 }  // namespace
 
 int run_layout(const std::vector<std::string>& argv) {
-  if (argv.empty()) throw UsageError("layout needs a subcommand: presets, show, check, compare, plan");
+  if (argv.empty() || argv[0] == "--help" || argv[0] == "-h") {
+    std::cout << "usage: nvfp4kv layout SUBCOMMAND ...\n\n"
+                 "  presets                      the built-in layouts and their verdicts\n"
+                 "  show LAYOUT [sizes]          regions, sizes, capacity and a byte map of one page\n"
+                 "  check LAYOUT [sizes]         prove a layout sound or say where it breaks\n"
+                 "  compare WRITER READER [sizes]  do two descriptions place every element alike?\n"
+                 "  plan [options]               size an allocation\n\n"
+                 "nvfp4kv layout SUBCOMMAND --help lists its options.\n";
+    return argv.empty() ? kExitUsage : kExitOk;
+  }
   const std::string sub = argv[0];
   const std::vector<std::string> rest(argv.begin() + 1, argv.end());
-  if (sub == "presets") {
-    Args a(rest, {}, {});
-    if (!a.positional().empty()) throw UsageError("presets takes no arguments");
-    return cmd_presets();
+  const CommandSpec* spec = sub == "presets" ? &presets_spec()
+                            : sub == "show"  ? &show_spec()
+                            : sub == "check" ? &check_spec()
+                            : sub == "compare" ? &compare_spec()
+                            : sub == "plan"  ? &plan_spec()
+                                             : nullptr;
+  if (!spec)
+    throw UsageError("unknown layout subcommand " + quote_text(sub) + did_you_mean(sub, kSubcommands) +
+                     " (presets, show, check, compare, plan)");
+  const Args a(rest, *spec);
+  if (a.help()) {
+    std::cout << help_text(*spec);
+    return kExitOk;
   }
-  if (sub == "plan")
-    return cmd_plan(Args(rest, {"cross-layer", "json"},
-                         {"layers", "kv-heads", "head-dim", "tokens-per-page", "memory", "pages", "tp-size", "tp-rank",
-                          "v-scales"}));
-  const Args a(rest, {"json"}, {"layers", "pages", "heads", "head-dim", "tokens-per-page", "layer", "page"});
+  if (sub == "presets") return cmd_presets(a);
   if (sub == "show") return cmd_show(a);
   if (sub == "check") return cmd_check(a);
   if (sub == "compare") return cmd_compare(a);
-  throw UsageError("unknown layout subcommand " + quote_text(sub) + " (presets, show, check, compare, plan)");
+  return cmd_plan(a);
 }
 
 }  // namespace nvfp4kv::cli

@@ -4,6 +4,8 @@
 #include <iostream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "cli.hpp"
 #include "nvfp4kv/harness/roundtrip.hpp"
 
@@ -56,18 +58,52 @@ bool print_roundtrip(const harness::RoundtripReport& r, std::ostream& out) {
   return r.ok();
 }
 
+namespace {
+
+const CommandSpec& roundtrip_spec() {
+  static const CommandSpec s{
+      "roundtrip", "",
+      "Store rows through a layout, then gather them back, on the CPU reference and on the GPU when there is one;\n"
+      "every byte audited against the dense reference quantization, every value compared bit for bit.",
+      [] {
+        std::vector<OptionSpec> o = {{"layout", "LAYOUT", "the layout (a preset or a JSON file; required)"}};
+        for (const OptionSpec& x : size_options()) o.push_back(x);
+        o.push_back({"tokens", "T", "rows to store (default: 3/4 of the cache, at most 4096)"});
+        o.push_back({"seed", "S", "seed of the rows and the page order (default 1)"});
+        o.push_back({"cpu-only", nullptr, "skip the GPU path"});
+        o.push_back(kJsonOption);
+        return o;
+      }(),
+      "Sizes the layout and the command line leave open are pages 64, heads 8, head dim 128, 16 tokens per\n"
+      "page and one layer; the ones taken are printed."};
+  return s;
+}
+
+Json path_json(const harness::RoundtripReport& r, const harness::RoundtripPath& p) {
+  Json regions = Json::object();
+  for (Region reg : kAllRegions)
+    regions[region_name(reg)] = {{"bytes_ok", p.store.regions[size_t(reg)].bytes_ok},
+                                 {"bytes_bad", p.store.regions[size_t(reg)].bytes_bad}};
+  return {{"ran", p.ran},           {"why_not", p.why_not},
+          {"refused", p.refused},   {"ok", r.path_ok(p)},
+          {"regions", regions},     {"untouched_changed", p.store.untouched_changed},
+          {"gather_values", p.gather_values}, {"gather_bad", p.gather_bad},
+          {"padding", p.status.padding}, {"out_of_range", p.status.out_of_range}};
+}
+
+}  // namespace
+
 int run_roundtrip(const std::vector<std::string>& argv) {
-  const Args a(argv, {"cpu-only"}, {"layout", "layers", "pages", "heads", "head-dim", "tokens-per-page", "tokens", "seed"});
+  const Args a(argv, roundtrip_spec());
+  if (a.help()) {
+    std::cout << help_text(roundtrip_spec());
+    return kExitOk;
+  }
   if (!a.positional().empty()) throw UsageError("unexpected argument " + quote_text(a.positional()[0]));
   const auto name = a.get("layout");
   if (!name) throw UsageError("roundtrip needs --layout LAYOUT");
-  DimsOverride dims = dims_from(a);
-  const LayoutSpec spec = load_spec(*name);
-  if (!dims.pages && !spec.defaults.pages) dims.pages = 64;
-  if (!dims.heads && !spec.defaults.heads) dims.heads = 8;
-  if (!dims.head_dim && !spec.defaults.head_dim) dims.head_dim = 128;
-  if (!dims.tokens_per_page && !spec.defaults.tokens_per_page) dims.tokens_per_page = 16;
-  const Layout layout = instantiate(spec, dims);
+  const LoadedLayout ld = load_layout(*name, dims_from(a), {1, 64, 16, 8, 128});
+  const Layout& layout = ld.layout;
   harness::RoundtripOptions opt;
   opt.tokens = a.integer("tokens").value_or(0);
   opt.seed = uint64_t(a.integer("seed").value_or(1));
@@ -78,26 +114,47 @@ int run_roundtrip(const std::vector<std::string>& argv) {
   for (const Buffer& b : layout.buffers) cache_bytes += b.bytes;
   if (cache_bytes > kMaxCacheBytes)
     throw LayoutError("roundtrip allocates the cache of one layer on the host: " + std::to_string(cache_bytes) +
-                     " bytes is more than " + std::to_string(kMaxCacheBytes) + " (256 MiB), its bound; use fewer pages or heads");
+                      " bytes is more than " + std::to_string(kMaxCacheBytes) + " (256 MiB), its bound; use fewer pages or heads");
   if (opt.tokens < 0) throw UsageError("--tokens must be >= 1, got " + std::to_string(opt.tokens));
   const int64_t tokens = opt.tokens > 0 ? opt.tokens : 4096;  // the most RoundtripOptions' default fills
   const int64_t row = layout.dims.heads * layout.dims.head_dim;
   if (tokens > kMaxElements / row)
     throw LayoutError("roundtrip stores " + std::to_string(tokens) + " tokens x " + std::to_string(row) +
-                     " elements (heads x head dim), more than " + std::to_string(kMaxElements) +
-                     " (2^24), its bound; pass --tokens " + std::to_string(std::max<int64_t>(kMaxElements / row, 1)) +
-                     " or fewer, or fewer heads");
+                      " elements (heads x head dim), more than " + std::to_string(kMaxElements) +
+                      " (2^24), its bound; pass --tokens " + std::to_string(std::max<int64_t>(kMaxElements / row, 1)) +
+                      " or fewer, or fewer heads");
   CheckResult res = check(layout);
+  const bool json = a.flag("json");
+  if (!json) {
+    if (!ld.assumed.empty()) std::cout << assumed_line(ld.assumed) << "\n";
+    std::cout << "layout " << layout.name << ": " << res.report.summary() << "\n";
+  }
   if (!res.valid) {
-    std::cerr << "layout " << layout.name << ": " << res.report.summary() << "\n";
+    if (json)
+      print_json("roundtrip", {{"layout", layout.name}, {"dims", dims_json(layout.dims)}, {"assumed", ld.assumed},
+                               {"check", check_json(res.report)}, {"ok", false}});
     return verdict_code(res.report);
   }
-  std::cout << "layout " << layout.name << ": " << res.report.summary() << "\n";
-  // The report goes to stdout when the round trip passes and to stderr, with the verdict, when it fails.
-  std::ostringstream report;
-  const bool ok = print_roundtrip(harness::roundtrip(*res.valid, opt), report);
-  (ok ? std::cout : std::cerr) << report.str();
-  return ok ? 0 : 1;
+  harness::RoundtripReport report;
+  {
+    StderrProgress progress("roundtrip");
+    opt.progress = progress.callback();
+    report = harness::roundtrip(*res.valid, opt);
+  }
+  if (json) {
+    print_json("roundtrip", {{"layout", layout.name},
+                             {"dims", dims_json(layout.dims)},
+                             {"assumed", ld.assumed},
+                             {"check", check_json(res.report)},
+                                                                   {"tokens", report.tokens},
+                                                                   {"heads", report.heads},
+                                                                   {"head_dim", report.head_dim},
+                                                                   {"cpu", path_json(report, report.cpu)},
+                                                                   {"gpu", path_json(report, report.gpu)},
+                             {"ok", report.ok()}});
+    return report.ok() ? kExitOk : kExitVerdict;
+  }
+  return print_roundtrip(report, std::cout) ? kExitOk : kExitVerdict;
 }
 
 }  // namespace nvfp4kv::cli

@@ -389,6 +389,15 @@ ReadReport check_read_attention(const Kit& kit, const std::vector<float>& out, i
         den += double(want[e]) * want[e];
       }
       p.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+      bool finite = true;
+      for (int64_t e = 0; e < D; ++e) finite = finite && std::isfinite(got[e]);
+      if (!finite) {
+        p.what = "non-finite output: a NaN or Inf reached the softmax or the sum over V (a scale read from a byte that is an "
+                 "E4M3 NaN, 0x7f / 0xff, does that)";
+        ++rep.non_finite;
+        wrong.push_back(std::move(p));
+        continue;
+      }
       if (!isolates) {
         p.what = "unidentified (this probe does not single out one token)";
         ++rep.unidentified;

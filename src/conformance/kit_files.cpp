@@ -29,7 +29,7 @@ const char* type_name(ElementType t) { return t == ElementType::kFloat16 ? "fp16
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read " + path);
+  if (!in) throw ArgumentError("cannot read " + path);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
@@ -58,7 +58,7 @@ void write_kit(const Kit& kit, const std::string& dir) {
   const CacheDims& d = l.dims;
   std::error_code ec;
   fs::create_directories(fs::path(dir) / "cache", ec);
-  if (ec) throw Error("cannot create " + dir + ": " + ec.message());
+  if (ec) throw ArgumentError("cannot create " + dir + ": " + ec.message());
   const auto path = [&](const std::string& name) { return (fs::path(dir) / name).string(); };
   const int64_t R = int64_t(kit.read_rows.size()), B = kit.probes(), H = d.heads, D = d.head_dim;
   json files = json::object();
@@ -124,13 +124,13 @@ void write_kit(const Kit& kit, const std::string& dir) {
     const std::string f = buffer_file(l, i);
     std::ofstream out(path(f), std::ios::binary);
     out.write(reinterpret_cast<const char*>(kit.cache[i].data()), std::streamsize(kit.cache[i].size()));
-    if (!out) throw Error("cannot write " + path(f));
+    if (!out) throw ArgumentError("cannot write " + path(f));
     buffers.push_back({{"name", l.buffers[i].name}, {"file", f}, {"bytes", l.buffers[i].bytes}});
   }
   {
     std::ofstream out(path("layout.json"));
     out << to_json(l) << "\n";
-    if (!out) throw Error("cannot write " + path("layout.json"));
+    if (!out) throw ArgumentError("cannot write " + path("layout.json"));
   }
   json seqs = json::array();
   for (const KitSequence& s : kit.sequences) seqs.push_back({{"pages", s.pages}, {"length", s.length}});
@@ -169,25 +169,25 @@ void write_kit(const Kit& kit, const std::string& dir) {
       {"probes", {{"count", B}, {"isolating", isolating}, {"margin", kProbeMargin}}}};
   std::ofstream out(path("manifest.json"));
   out << m.dump(2) << "\n";
-  if (!out) throw Error("cannot write " + path("manifest.json"));
+  if (!out) throw ArgumentError("cannot write " + path("manifest.json"));
 }
 
 KitManifest read_manifest(const std::string& dir) {
   const std::string file = (fs::path(dir) / "manifest.json").string();
   std::ifstream in(file);
-  if (!in) throw Error("cannot read " + file + " (is " + dir + " a kit from nvfp4kv conformance gen?)");
+  if (!in) throw ArgumentError("cannot read " + file + " (is " + dir + " a kit from nvfp4kv conformance gen?)");
   json m;
   try {
     m = json::parse(in);
   } catch (const json::exception& e) {
-    throw Error(file + " is not valid JSON: " + e.what());
+    throw ArgumentError(file + " is not valid JSON: " + e.what());
   }
   try {
-    if (m.value("kind", "") != kKind) throw Error(file + " is not an nvfp4kv conformance kit manifest");
+    if (m.value("kind", "") != kKind) throw ArgumentError(file + " is not an nvfp4kv conformance kit manifest");
     KitManifest r;
     r.version = m.at("version").get<int>();
     if (r.version != kKitVersion)
-      throw Error(file + " has kit version " + std::to_string(r.version) + "; this nvfp4kv reads version " +
+      throw ArgumentError(file + " has kit version " + std::to_string(r.version) + "; this nvfp4kv reads version " +
                   std::to_string(kKitVersion) + ": generate the kit again");
     r.layout_json = m.at("layout").dump();
     const json& d = m.at("dims");
@@ -195,14 +195,14 @@ KitManifest read_manifest(const std::string& dir) {
               d.at("heads").get<int64_t>(), d.at("head_dim").get<int64_t>()};
     r.options.layer = m.at("layer").get<int64_t>();
     const std::string t = m.at("dtype").get<std::string>();
-    if (t != "bf16" && t != "fp16") throw Error(file + ": dtype \"" + t + "\" is not bf16 or fp16");
+    if (t != "bf16" && t != "fp16") throw ArgumentError(file + ": dtype \"" + t + "\" is not bf16 or fp16");
     r.options.type = t == "fp16" ? ElementType::kFloat16 : ElementType::kBFloat16;
     r.options.seed = m.at("seed").get<uint64_t>();
     r.options.tokens = m.at("tokens").get<int64_t>();
     r.options.q_heads = m.at("q_heads").get<int64_t>();
     return r;
   } catch (const json::exception& e) {
-    throw Error(file + ": " + e.what());
+    throw ArgumentError(file + ": " + e.what());
   }
 }
 
@@ -211,13 +211,13 @@ Kit load_kit(const std::string& dir, const ValidLayout& valid) {
   const Layout& l = valid.layout();
   const Layout made = instantiate(parse_layout_spec(m.layout_json), {});
   if (const std::string why = layout_mismatch(made, l); !why.empty())
-    throw Error(dir + " was generated for layout \"" + made.name + "\", which places bytes unlike \"" + l.name + "\": " + why +
+    throw ArgumentError(dir + " was generated for layout \"" + made.name + "\", which places bytes unlike \"" + l.name + "\": " + why +
                 "; give the --layout and sizes it was generated with");
   Kit kit = generate(valid, m.options);
   for (size_t i = 0; i < l.buffers.size(); ++i) {
     const std::string f = (fs::path(dir) / buffer_file(l, i)).string();
     if (read_bytes(f) != kit.cache[i])
-      throw Error(f + " is not the cache this nvfp4kv generates from " + dir +
+      throw ArgumentError(f + " is not the cache this nvfp4kv generates from " + dir +
                   "/manifest.json (modified, or written by another version); generate the kit again");
   }
   return kit;

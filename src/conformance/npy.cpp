@@ -30,20 +30,20 @@ NpyArray npy_of(const std::vector<T>& values, const char* descr, std::vector<int
 // its end (a quoted string, True/False, or a parenthesised tuple).
 std::string dict_value(const std::string& header, const std::string& key, const std::string& path) {
   const size_t k = header.find("'" + key + "'");
-  if (k == std::string::npos) throw Error(path + ": .npy header has no '" + key + "'");
+  if (k == std::string::npos) throw ArgumentError(path + ": .npy header has no '" + key + "'");
   size_t i = header.find(':', k);
-  if (i == std::string::npos) throw Error(path + ": .npy header is malformed near '" + key + "'");
+  if (i == std::string::npos) throw ArgumentError(path + ": .npy header is malformed near '" + key + "'");
   ++i;
   while (i < header.size() && header[i] == ' ') ++i;
-  if (i >= header.size()) throw Error(path + ": .npy header ends after '" + key + "'");
+  if (i >= header.size()) throw ArgumentError(path + ": .npy header ends after '" + key + "'");
   if (header[i] == '\'' || header[i] == '"') {
     const size_t end = header.find(header[i], i + 1);
-    if (end == std::string::npos) throw Error(path + ": .npy header has an unterminated string");
+    if (end == std::string::npos) throw ArgumentError(path + ": .npy header has an unterminated string");
     return header.substr(i + 1, end - i - 1);
   }
   if (header[i] == '(') {
     const size_t end = header.find(')', i);
-    if (end == std::string::npos) throw Error(path + ": .npy header has an unterminated shape");
+    if (end == std::string::npos) throw ArgumentError(path + ": .npy header has an unterminated shape");
     return header.substr(i, end - i + 1);
   }
   size_t end = i;
@@ -76,7 +76,7 @@ void write_npy(const std::string& path, const NpyArray& a) {
   dict.append((64 - unpadded % 64) % 64, ' ');
   dict += '\n';
   std::ofstream out(path, std::ios::binary);
-  if (!out) throw Error("cannot write " + path);
+  if (!out) throw ArgumentError("cannot write " + path);
   out.write(kMagic, 6);
   const char version[2] = {1, 0};
   out.write(version, 2);
@@ -85,32 +85,32 @@ void write_npy(const std::string& path, const NpyArray& a) {
   out.write(len_bytes, 2);
   out << dict;
   out.write(reinterpret_cast<const char*>(a.bytes.data()), std::streamsize(a.bytes.size()));
-  if (!out) throw Error("cannot write " + path);
+  if (!out) throw ArgumentError("cannot write " + path);
 }
 
 NpyArray read_npy(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read " + path);
+  if (!in) throw ArgumentError("cannot read " + path);
   char head[10];
-  if (!in.read(head, 10) || std::memcmp(head, kMagic, 6) != 0) throw Error(path + " is not a .npy file");
+  if (!in.read(head, 10) || std::memcmp(head, kMagic, 6) != 0) throw ArgumentError(path + " is not a .npy file");
   const int major = head[6];
   size_t header_len = uint8_t(head[8]) | size_t(uint8_t(head[9])) << 8;
   if (major == 2 || major == 3) {
     char more[2];
-    if (!in.read(more, 2)) throw Error(path + ": truncated .npy header");
+    if (!in.read(more, 2)) throw ArgumentError(path + ": truncated .npy header");
     header_len |= size_t(uint8_t(more[0])) << 16 | size_t(uint8_t(more[1])) << 24;
   } else if (major != 1) {
-    throw Error(path + ": .npy format version " + std::to_string(major) + " is not supported (1, 2, 3 are)");
+    throw ArgumentError(path + ": .npy format version " + std::to_string(major) + " is not supported (1, 2, 3 are)");
   }
-  if (header_len > kMaxHeader) throw Error(path + ": .npy header of " + std::to_string(header_len) + " bytes is past 64 KiB");
+  if (header_len > kMaxHeader) throw ArgumentError(path + ": .npy header of " + std::to_string(header_len) + " bytes is past 64 KiB");
   std::string header(header_len, '\0');
-  if (!in.read(header.data(), std::streamsize(header_len))) throw Error(path + ": truncated .npy header");
+  if (!in.read(header.data(), std::streamsize(header_len))) throw ArgumentError(path + ": truncated .npy header");
   NpyArray a;
   a.descr = dict_value(header, "descr", path);
   if (dict_value(header, "fortran_order", path).find("False") == std::string::npos)
-    throw Error(path + ": Fortran-order arrays are not supported; save it with np.ascontiguousarray");
+    throw ArgumentError(path + ": Fortran-order arrays are not supported; save it with np.ascontiguousarray");
   if (a.descr.size() < 3 || (a.descr[0] != '<' && a.descr[0] != '|') || a.item_bytes() < 1 || a.item_bytes() > 16)
-    throw Error(path + ": element type '" + a.descr + "' is not a little-endian scalar type");
+    throw ArgumentError(path + ": element type '" + a.descr + "' is not a little-endian scalar type");
   const std::string shape = dict_value(header, "shape", path);
   std::stringstream s(shape.substr(1, shape.size() - 2));
   std::string item;
@@ -123,15 +123,15 @@ NpyArray read_npy(const std::string& path) {
       d = std::stoll(item);
     } catch (const std::exception&) {
     }
-    if (d < 0) throw Error(path + ": .npy shape " + shape + " is not a tuple of sizes");
+    if (d < 0) throw ArgumentError(path + ": .npy shape " + shape + " is not a tuple of sizes");
     a.shape.push_back(d);
     count *= d;
-    if (count > (i128(1) << 40)) throw Error(path + ": .npy shape " + shape + " is too large");
+    if (count > (i128(1) << 40)) throw ArgumentError(path + ": .npy shape " + shape + " is too large");
   }
   const i128 want = count * a.item_bytes();
   a.bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   if (i128(a.bytes.size()) != want)
-    throw Error(path + ": shape " + shape + " of '" + a.descr + "' needs " + std::to_string(int64_t(want)) +
+    throw ArgumentError(path + ": shape " + shape + " of '" + a.descr + "' needs " + std::to_string(int64_t(want)) +
                 " bytes of data, the file holds " + std::to_string(a.bytes.size()));
   return a;
 }
@@ -162,7 +162,7 @@ std::vector<float> npy_to_floats(const NpyArray& a, const std::string& what) {
       out[i] = kind == "f2" ? fp16_to_float(b) : bf16_to_float(b);
     }
   } else {
-    throw Error(what + ": element type '" + a.descr +
+    throw ArgumentError(what + ": element type '" + a.descr +
                 "' is not float32, float16 or bfloat16 (bf16 as '<u2'/'<i2' bit patterns or a 2-byte void type)");
   }
   return out;

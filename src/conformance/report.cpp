@@ -234,8 +234,8 @@ std::string ReadReport::text() const {
     for (const BlockRead& b : examples) s << "    " << block_text(l, b) << "\n";
   } else {
     s << "  " << probe_correct << " of " << probe_rows << " probe outputs right; " << wrong_token
-      << " attended to another token (K misread), " << v_misread << " read V from the wrong bytes, " << unidentified
-      << " unidentified";
+      << " attended to another token (K misread), " << v_misread << " read V from the wrong bytes, " << non_finite
+      << " non-finite, " << unidentified << " unidentified";
     if (not_isolating) s << "; " << not_isolating << " probes do not single out one token (checked as a whole)";
     s << "\n";
     for (const ProbeRead& p : probe_examples) {
@@ -284,6 +284,7 @@ std::string ReadReport::json() const {
               {"correct", probe_correct},
               {"wrong_token", wrong_token},
               {"v_misread", v_misread},
+              {"non_finite", non_finite},
               {"unidentified", unidentified},
               {"not_isolating", not_isolating},
               {"examples", probes}}},

@@ -37,7 +37,7 @@ RoundtripWorkload make_workload(const CacheDims& d, const RoundtripOptions& opt)
   return w;
 }
 
-RoundtripPath cpu_roundtrip(const ValidLayout& valid, const RoundtripWorkload& w) {
+RoundtripPath cpu_roundtrip(const ValidLayout& valid, const RoundtripWorkload& w, const Progress& progress) {
   const Layout& l = valid.layout();
   const CacheDims& d = l.dims;
   RoundtripPath p;
@@ -50,8 +50,20 @@ RoundtripPath cpu_roundtrip(const ValidLayout& valid, const RoundtripWorkload& w
   s.k_global_scale = &w.k_gs;
   s.v_global_scale = &w.v_gs;
   s.status = &p.status;
-  reference::store(valid, cache.buffers, s);
+  // In chunks of rows, so that progress can say how far it is.
+  constexpr int64_t kChunk = 1024;
+  for (int64_t first = 0; first < w.rows.tokens; first += kChunk) {
+    report_progress(progress, "storing on the CPU reference", 0.1 + 0.5 * double(first) / double(w.rows.tokens));
+    StoreArgs part = s;
+    part.rows.tokens = std::min(kChunk, w.rows.tokens - first);
+    part.rows.k = w.rows.k.data() + first * w.rows.stride;
+    part.rows.v = w.rows.v.data() + first * w.rows.stride;
+    part.slots = w.slots.data() + first;
+    reference::store(valid, cache.buffers, part);
+  }
+  report_progress(progress, "auditing every byte of the CPU reference's cache", 0.6);
   p.store = audit_store(valid, 0, w.slots, w.qk, w.qv, cache.storage, kRoundtripPoison);
+  report_progress(progress, "gathering on the CPU reference", 0.7);
   // The slots fill the used pages in order, so gathering them as one sequence
   // returns row i at position i; skipped rows are not gathered.
   const reference::GatheredKv g = reference::gather_sequence(
@@ -73,6 +85,7 @@ RoundtripPath cpu_roundtrip(const ValidLayout& valid, const RoundtripWorkload& w
 
 RoundtripReport roundtrip(const ValidLayout& valid, const RoundtripOptions& opt) {
   const CacheDims& d = valid.layout().dims;
+  report_progress(opt.progress, "making and quantizing the rows", 0.0);
   const RoundtripWorkload w = make_workload(d, opt);
   RoundtripReport r;
   r.layout = valid.layout().name;
@@ -83,7 +96,8 @@ RoundtripReport roundtrip(const ValidLayout& valid, const RoundtripOptions& opt)
     r.expected_padding += s < 0;
     r.expected_out_of_range += s >= d.pages * d.tokens_per_page;
   }
-  r.cpu = cpu_roundtrip(valid, w);
+  r.cpu = cpu_roundtrip(valid, w, opt.progress);
+  report_progress(opt.progress, "the GPU path", 0.9);
   if (opt.use_gpu) r.gpu = gpu_roundtrip(valid, w);
   else r.gpu.why_not = "not asked for (--cpu-only)";
   return r;

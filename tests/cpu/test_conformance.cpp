@@ -374,7 +374,7 @@ TEST(CheckRead, AttentionThroughTheWrongViewIsCaught) {
   EXPECT_TRUE(right.ok()) << right.text();
   const ReadReport wrong = check_read_attention(kit, foreign_attention(kit, engine("vllm-packed-nhd-reader-sm120")));
   EXPECT_FALSE(wrong.ok());
-  EXPECT_GT(wrong.wrong_token + wrong.v_misread + wrong.unidentified, 0);
+  EXPECT_EQ(wrong.wrong_token + wrong.v_misread + wrong.non_finite + wrong.unidentified + wrong.probe_correct, wrong.probe_rows);
   EXPECT_LT(wrong.probe_correct, wrong.probe_rows);
 }
 

@@ -110,7 +110,8 @@ struct ReadReport {
   std::array<SideReadReport, 2> sides;
   std::vector<BlockRead> examples;
   // attention
-  int64_t probe_rows = 0, probe_correct = 0, wrong_token = 0, v_misread = 0, unidentified = 0, not_isolating = 0;
+  int64_t probe_rows = 0, probe_correct = 0, wrong_token = 0, v_misread = 0, non_finite = 0, unidentified = 0;
+  int64_t not_isolating = 0;  // probes (of all) whose query does not single out one token: checked as a whole
   std::vector<ProbeRead> probe_examples;
   // The reader's map, inferred from where the misread blocks' bytes came from.
   std::array<std::optional<RegionFit>, kRegionCount> reader_maps;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "nvfp4kv/core/layout.hpp"
+#include "nvfp4kv/core/progress.hpp"
 #include "nvfp4kv/core/status.hpp"
 #include "nvfp4kv/harness/audit.hpp"
 
@@ -15,6 +16,7 @@ struct RoundtripOptions {
   int64_t tokens = 0;  // 0: fill about 3/4 of the cache, at most 4096 tokens
   uint64_t seed = 1;
   bool use_gpu = true;
+  Progress progress;  // told each stage, and how far the CPU store is
 };
 
 // One path (the CPU reference or the GPU).
