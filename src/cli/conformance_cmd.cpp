@@ -131,6 +131,7 @@ int cmd_gen(const Args& a) {
   const std::string out = required(a, "out");
   const LoadedLayout ld = load_layout(required(a, "layout"), dims_from(a), {1});
   CheckResult res = check(ld.layout);
+  if (res.report.undecided) throw LayoutError("layout " + ld.layout.name + ": " + res.report.summary());
   const bool json = a.flag("json");
   if (!res.valid) {
     if (json) print_json("conformance gen", {{"layout", ld.layout.name}, {"ok", false}, {"check", check_json(res.report)}});

@@ -155,6 +155,8 @@ int cmd_check(const Args& a) {
   if (a.positional().size() != 1) throw UsageError("check takes one LAYOUT");
   const LoadedLayout ld = load_layout(a.positional()[0], dims_from(a), {1});
   const CheckResult res = check(ld.layout);
+  // Past the proof's bounds: unusable sizes, said in one line on stderr like any refusal.
+  if (res.report.undecided) throw LayoutError(ld.layout.name + ": " + res.report.summary());
   if (a.flag("json")) {
     print_json("layout check", {{"layout", ld.layout.name}, {"dims", dims_json(ld.layout.dims)}, {"assumed", ld.assumed},
                            {"check", check_json(res.report)}});

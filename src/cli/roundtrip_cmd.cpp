@@ -124,6 +124,7 @@ int run_roundtrip(const std::vector<std::string>& argv) {
                       " (2^24), its bound; pass --tokens " + std::to_string(std::max<int64_t>(kMaxElements / row, 1)) +
                       " or fewer, or fewer heads");
   CheckResult res = check(layout);
+  if (res.report.undecided) throw LayoutError("layout " + layout.name + ": " + res.report.summary());
   const bool json = a.flag("json");
   if (!json) {
     if (!ld.assumed.empty()) std::cout << assumed_line(ld.assumed) << "\n";

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The CLI's contract: exit 0 on success, 1 on a rejected layout or disagreement,
-# 2 on bad usage; diagnostics on stderr. usage: test_cli.sh PATH/TO/nvfp4kv
+# The CLI's contract (docs/cli-json.md): exit 0 on success, 1 on a negative verdict
+# (rejected layout, disagreement, failed check), 2 on unusable input, 3 for what this
+# machine or build cannot do; reports on stdout whatever their verdict, usage errors on
+# stderr; --json output valid against docs/cli-json.schema.json.
+# usage: test_cli.sh PATH/TO/nvfp4kv
 set -u
 bin=$1
 pass=0
@@ -54,7 +57,8 @@ sed 's/"token": "dd"/"tokn": "dd"/' "$(dirname "$0")/../../layouts/vllm-legacy-h
 expect 2 'unknown key "tokn"' "$bin" layout check "$tmp/typo.json" $small
 
 # Hostile input (issue 9): each reproducer answers or is refused in under a
-# second; a refusal (exit 2) is one line on stderr and nothing on stdout.
+# second; a refusal (exit 2) is one line on stderr and nothing on stdout; a
+# negative verdict (exit 1) is on stdout like any report (issue 12), stderr empty.
 # expect_fast CODE "pattern" command...
 expect_fast() {
   local code=$1 pattern=$2
@@ -69,7 +73,7 @@ expect_fast() {
   grep -qE -- "$pattern" "$tmp/out" "$tmp/err" || why="$why; no '$pattern'"
   [ "$ms" -lt 1000 ] || why="$why; took $ms ms"
   if [ "$code" = 2 ] && { [ -s "$tmp/out" ] || [ "$(wc -l <"$tmp/err")" != 1 ]; }; then why="$why; not one line on stderr"; fi
-  if [ "$code" = 1 ] && [ -s "$tmp/out" ]; then why="$why; a rejection printed on stdout"; fi
+  if [ "$code" = 1 ] && { [ ! -s "$tmp/out" ] || [ -s "$tmp/err" ]; }; then why="$why; the verdict not on stdout alone"; fi
   if [ -z "$why" ]; then
     pass=$((pass + 1))
   else
@@ -143,5 +147,140 @@ expect_fast 1 "REJECTED: .* share byte 576" "$bin" roundtrip --layout vllm-packe
 expect_fast 1 "REJECTED: " "$bin" layout check vllm-packed-nhd-reader $small
 expect_fast 1 "DISAGREE: " "$bin" layout compare vllm-packed-nhd-writer vllm-packed-nhd-reader $small
 expect_fast 2 'unknown option "--x+"\.\.\. \(100002 characters\)' "$bin" layout check nvfp4kv-native "--$(repeat x 100000)"
+
+# ---- issue 12: the CLI people expect -------------------------------------------------
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+validate="python3 $root/tests/json/validate.py $root/docs/cli-json.schema.json"
+s2="--heads 2 --head-dim 128 --tokens-per-page 16 --pages 2"
+# expect_streams CODE "pattern" command...: the report and its verdict on stdout, nothing on stderr.
+expect_streams() {
+  local code=$1 pattern=$2
+  shift 2
+  "$@" >"$tmp/out" 2>"$tmp/err"
+  local got=$?
+  if [ "$got" = "$code" ] && grep -qE -- "$pattern" "$tmp/out" && [ ! -s "$tmp/err" ]; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL (streams): $* -> exit $got (want $code), pattern '$pattern' on stdout, stderr empty"
+    head -5 "$tmp/out" "$tmp/err"
+  fi
+}
+# expect_json CODE command...: exit CODE, stdout valid against the schema, nothing on stderr.
+expect_json() {
+  local code=$1
+  shift
+  "$@" --json >"$tmp/out.json" 2>"$tmp/err"
+  local got=$?
+  if [ "$got" = "$code" ] && $validate "$tmp/out.json" >"$tmp/why" && [ ! -s "$tmp/err" ]; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL (json): $* --json -> exit $got (want $code)"
+    head -5 "$tmp/why" "$tmp/err"
+  fi
+}
+
+expect 0 "^nvfp4kv [0-9]+\.[0-9]+\.[0-9]+$" "$bin" --version
+# --help on every command, listing every option.
+expect 0 "usage: nvfp4kv layout plan" "$bin" layout plan --help
+for opt in layers kv-heads head-dim tokens-per-page memory pages tp-size tp-rank layout cross-layer v-scales json help; do
+  expect 0 "^  --$opt( |$)" "$bin" layout plan --help
+done
+for opt in layers pages heads head-dim tokens-per-page examples json; do expect 0 "^  --$opt " "$bin" layout compare --help; done
+for cmd in "layout presets" "layout show" "layout check" "roundtrip" "demo" "bench decode" "conformance gen" \
+           "conformance check-write" "conformance check-read"; do
+  expect 0 "usage: nvfp4kv $cmd" "$bin" $cmd --help
+done
+expect 0 "usage: nvfp4kv layout compare" "$bin" help layout compare
+for opt in layout dir cache inferred examples json; do expect 0 "^  --$opt " "$bin" conformance check-write --help; done
+# "Did you mean" for commands, subcommands, options and presets.
+expect 2 'unknown command "layuot" \(did you mean "layout"\?\)' "$bin" layuot
+expect 2 'unknown layout subcommand "chek" \(did you mean "check"\?\)' "$bin" layout chek x
+expect 2 'unknown conformance subcommand "check-writ" \(did you mean "check-write"\?\)' "$bin" conformance check-writ
+expect 2 'unknown option "--head-di" \(did you mean "--head-dim"\?\)' "$bin" layout check nvfp4kv-native --head-di 64
+expect 2 'did you mean "vllm-packed-nhd-rows"\?' "$bin" layout check vllm-packed-nhd-rwos $small
+# A size the file fixes is not overridden by the command line; the ones assumed are printed.
+"$bin" layout show vllm-legacy-hnd-writer-sm12x $s2 --json | python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["layout_json"]))' >"$tmp/fixed.json"
+expect 2 'layout "vllm-legacy-hnd-writer-sm12x" fixes pages 2; --pages 3 contradicts it' "$bin" layout check "$tmp/fixed.json" --pages 3
+expect 0 "sound: " "$bin" layout check "$tmp/fixed.json" --pages 2
+expect 0 "^assumed: layers 1 \(neither the layout nor the command line sets it; --layers does\)" "$bin" layout check nvfp4kv-native $s2
+"$bin" layout check nvfp4kv-native $s2 --layers 1 >"$tmp/out" && ! grep -q assumed "$tmp/out" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: an assumed size printed though --layers was given"; }
+expect 0 "^assumed: layers 1, pages 64, tokens per page 16, heads 8, head dim 128" "$bin" roundtrip --layout vllm-legacy-nhd --cpu-only --tokens 16
+# Agreement and disagreement on the same stream; compare's examples spread and its stride-level diagnosis.
+expect_streams 0 "^agree: " "$bin" layout compare vllm-legacy-hnd vllm-packed-hnd $s2
+expect_streams 1 "^DISAGREE: " "$bin" layout compare vllm-packed-nhd-writer vllm-packed-nhd-reader $s2
+expect_streams 1 "REJECTED: " "$bin" layout check vllm-packed-nhd-reader $s2
+expect_streams 1 "k_data token stride is 128 \(H\*dd\), the reader says 256 \(2\*H\*dd\)" "$bin" layout compare vllm-packed-nhd-writer vllm-packed-nhd-reader $s2
+expect_streams 1 "v_scale token is \(4,_\):\(1,32\), the reader says 8 \(sd\): V scales are in the 4-token interleave" \
+  "$bin" layout compare vllm-legacy-hnd-writer-upstream vllm-legacy-hnd-reader-sm120 $s2
+"$bin" layout compare vllm-packed-nhd-writer vllm-packed-nhd-reader $s2 --examples 8 >"$tmp/out"
+examples=$(grep -cE "^  (k|v)_(data|scale)\[" "$tmp/out")
+regions=$(grep -oE "^  (k|v)_(data|scale)" "$tmp/out" | sort -u | wc -l)
+if [ "$examples" = 8 ] && [ "$regions" = 4 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --examples 8 gave $examples examples over $regions regions"; cat "$tmp/out"; fi
+# plan sizes a layout of one's own; its JSON has the summary numbers.
+expect 0 "^layout          flashinfer-nhd \(4 buffers\)" "$bin" layout plan --layout flashinfer-nhd --layers 4 --kv-heads 8 --head-dim 128 --memory 1GiB
+expect 2 "plan: layout \"vllm-packed-nhd-writer-sm12x\" at .* is REJECTED" "$bin" layout plan --layout vllm-packed-nhd-writer-sm12x --layers 4 --kv-heads 8 --head-dim 128 --pages 8
+expect 0 '"token_capacity": ' "$bin" layout plan --layers 32 --kv-heads 8 --head-dim 128 --memory 40GiB --json
+# --json for every command, valid against the schema.
+expect_json 0 "$bin" layout presets
+expect_json 0 "$bin" layout show trtllm $s2
+expect_json 1 "$bin" layout show vllm-packed-nhd-writer-sm12x $s2
+expect_json 0 "$bin" layout check nvfp4kv-native-layers --layers 4 $s2
+expect_json 1 "$bin" layout check vllm-packed-nhd-reader-sm120 $s2
+expect_json 0 "$bin" layout compare trtllm trtllm $s2
+expect_json 1 "$bin" layout compare vllm-legacy-hnd-writer-upstream vllm-legacy-hnd-reader-sm120 $s2
+expect_json 0 "$bin" layout plan --layers 32 --kv-heads 8 --head-dim 128 --memory 40GiB --tp-size 2 --tp-rank 1
+expect_json 0 "$bin" layout plan --layout vllm-legacy-nhd --layers 2 --kv-heads 4 --head-dim 64 --pages 16
+expect_json 0 "$bin" roundtrip --layout vllm-legacy-nhd --cpu-only --tokens 64
+expect_json 1 "$bin" roundtrip --layout vllm-packed-nhd-writer --cpu-only --tokens 64
+# Without a GPU the message says there is none (or that this build has no CUDA), and bench exits 3.
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  expect 3 "no CUDA GPU on this machine|built without CUDA" "$bin" bench decode --batch 1 --context 64
+  expect 0 "not run: (no CUDA GPU on this machine|nvfp4kv was built without CUDA)" "$bin" roundtrip --layout nvfp4kv-native --tokens 64
+fi
+# Progress on stderr once work takes more than two seconds.
+"$bin" roundtrip --layout nvfp4kv-native --cpu-only --pages 2048 --heads 4 --tokens 32000 >"$tmp/out" 2>"$tmp/err"
+if grep -q "^nvfp4kv roundtrip: .*%" "$tmp/err" && grep -q "round trip: PASS" "$tmp/out"; then pass=$((pass + 1)); else
+  fail=$((fail + 1)); echo "FAIL: no progress on stderr from a long round trip"; head -3 "$tmp/err"; fi
+
+# ---- issue 12: the conformance kit, with docs/conformance.md's engine (numpy) -------------
+engine="python3 $root/examples/conformance/vllm_packed_nhd.py"
+kit="$tmp/kit"
+s16="--heads 2 --head-dim 128 --tokens-per-page 16 --pages 16"
+expect 0 "conformance kit for \"vllm-packed-nhd-rows\"" "$bin" conformance gen --layout vllm-packed-nhd-rows $s16 --out "$kit" 2>/dev/null
+expect_json 0 "$bin" conformance gen --layout vllm-packed-nhd-rows $s16 --out "$tmp/kit-json"
+expect 1 "conformance needs a sound layout" "$bin" conformance gen --layout vllm-packed-nhd-writer-sm12x $s2 --out "$tmp/nokit"
+python3 -c "import numpy as np; a = np.load('$kit/k.npy'); b = np.load('$kit/k.f32.npy'); import sys; sys.exit(not (a.dtype == np.uint16 and (a.astype(np.uint32) << 16).view(np.float32).tolist() == b.tolist()))" \
+  && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: k.npy (bf16 bits) and k.f32.npy disagree under numpy"; }
+$engine write "$kit" "$tmp/written.bin"
+$engine write "$kit" "$tmp/fixed.bin" --physical-rows
+expect_streams 1 "k_data token stride is 128 \(H\*dd\), the layout says 288 \(2\*H\*F\)" \
+  "$bin" conformance check-write --layout vllm-packed-nhd-rows --dir "$kit" --cache kv="$tmp/written.bin" --inferred "$tmp/writer.json"
+expect 1 "^DISAGREE: \"vllm-packed-nhd-rows-as-written\"" "$bin" layout compare "$tmp/writer.json" vllm-packed-nhd-rows
+expect 1 "REJECTED: .* share byte" "$bin" layout check "$tmp/writer.json"
+expect_streams 0 "k_data .*rounding-only \(reciprocal-multiply\)" "$bin" conformance check-write --layout vllm-packed-nhd-rows --dir "$kit" --cache "$tmp/fixed.bin"
+expect_json 1 "$bin" conformance check-write --layout vllm-packed-nhd-rows --dir "$kit" --cache kv="$tmp/written.bin"
+expect_json 0 "$bin" conformance check-write --layout vllm-packed-nhd-rows --dir "$kit" --cache kv="$tmp/fixed.bin"
+$engine read "$kit" "$tmp/k.npy" "$tmp/v.npy"
+$engine read "$kit" "$tmp/k2.npy" "$tmp/v2.npy" --physical-rows
+expect_streams 1 "aliased data/scale bytes" "$bin" conformance check-read --layout vllm-packed-nhd-rows --dir "$kit" --k "$tmp/k.npy" --v "$tmp/v.npy"
+expect_streams 0 "check-read: PASS" "$bin" conformance check-read --layout vllm-packed-nhd-rows --dir "$kit" --k "$tmp/k2.npy" --v "$tmp/v2.npy"
+expect_json 1 "$bin" conformance check-read --layout vllm-packed-nhd-rows --dir "$kit" --k "$tmp/k.npy" --v "$tmp/v.npy"
+$engine attend "$kit" "$tmp/out.npy"
+$engine attend "$kit" "$tmp/out2.npy" --physical-rows
+expect 1 "probe outputs right" "$bin" conformance check-read --layout vllm-packed-nhd-rows --dir "$kit" --out "$tmp/out.npy"
+expect 0 "256 of 256 probe outputs right" "$bin" conformance check-read --layout vllm-packed-nhd-rows --dir "$kit" --out "$tmp/out2.npy"
+expect_json 0 "$bin" conformance check-read --layout vllm-packed-nhd-rows --dir "$kit" --out "$tmp/out2.npy"
+# Unusable input: exit 2, one line on stderr.
+expect 2 "--pages 4 contradicts the kit in .*, generated at layers 1, pages 16" "$bin" conformance check-write --layout vllm-packed-nhd-rows --dir "$kit" --cache "$tmp/fixed.bin" --pages 4
+expect 2 "was generated for layout \"vllm-packed-nhd-rows\"" "$bin" conformance check-write --layout vllm-legacy-nhd --dir "$kit" --cache "$tmp/fixed.bin"
+expect 2 "--cache kv=FILE is missing" "$bin" conformance check-write --layout vllm-packed-nhd-rows --dir "$kit"
+expect 2 'no buffer "kvv" \(did you mean "kv"\?\)' "$bin" conformance check-write --layout vllm-packed-nhd-rows --dir "$kit" --cache kvv="$tmp/fixed.bin"
+expect 2 "is 73728 bytes in the layout, the dump holds 100" "$bin" conformance check-write --layout vllm-packed-nhd-rows --dir "$kit" --cache kv=<(head -c 100 /dev/zero)
+expect 2 "give --k FILE and --v FILE" "$bin" conformance check-read --layout vllm-packed-nhd-rows --dir "$kit" --k "$tmp/k.npy"
+expect 2 "is not a .npy file" "$bin" conformance check-read --layout vllm-packed-nhd-rows --dir "$kit" --out "$tmp/fixed.bin"
+printf '\x11' | dd of="$kit/cache/kv.bin" bs=1 seek=3 conv=notrunc 2>/dev/null
+expect 2 "is not the cache this nvfp4kv generates" "$bin" conformance check-write --layout vllm-packed-nhd-rows --dir "$kit" --cache "$tmp/fixed.bin"
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
