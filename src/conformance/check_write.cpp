@@ -184,6 +184,9 @@ WriteReport check_write(const Kit& kit, const std::vector<std::vector<uint8_t>>&
       if (dumps[b][size_t(o)] == kPoison) continue;
       const Location at{int32_t(b), o};
       const auto e = owners.owner(at);
+      if (e && e->coord.layer == layer && stored.count({e->coord.page, e->coord.token})) continue;
+      const int64_t n = trace.at[b][size_t(o)];
+      rep.misplaced_there += n >= 0 && kit.cell(kit.block(n / 9).row).has_value();
       if (!e) {
         ++rep.outside_bytes;
         add_touched(rep.outside_cells, at, "", trace.describe(kit, dumps, at));

@@ -111,6 +111,13 @@ std::string WriteReport::text() const {
     }
     if (list.size() > 8) s << "    ... and " << list.size() - 8 << " more runs\n";
   };
+  if (misplaced_there > 0) {
+    const int64_t all = outside_bytes + unstored_bytes;
+    if (misplaced_there == all) s << "  all " << all << " bytes below hold stored rows' elements (misplaced, above)\n";
+    else
+      s << "  of the " << all << " bytes below, " << misplaced_there
+        << " hold stored rows' elements (misplaced, above); the others nothing the kit's rows hold\n";
+  }
   runs("outside every cell (bytes no element of the layout owns)", outside_bytes, outside_cells);
   runs("into cells no stored row owns (other pages, positions or layers)", unstored_bytes, unstored_cells);
   if (!padding_rows_written.empty()) {
@@ -128,7 +135,10 @@ std::string WriteReport::text() const {
       << ")";
   } else {
     s << "check-write: FAIL (" << (bad.empty() ? "" : bad + " misplaced")
-      << (outside_bytes + unstored_bytes > 0 ? std::string(bad.empty() ? "" : "; ") + "bytes written outside the rows' cells" : "")
+      << (outside_bytes + unstored_bytes > misplaced_there
+              ? std::string(bad.empty() ? "" : "; ") + std::to_string(outside_bytes + unstored_bytes - misplaced_there) +
+                    " bytes written outside the rows' cells"
+              : "")
       << (!padding_rows_written.empty() ? "; padding rows written" : "") << ")";
   }
   return s.str();
@@ -173,6 +183,7 @@ std::string WriteReport::json() const {
             {"regions", regs},
             {"outside_cells", runs(outside_bytes, outside_cells)},
             {"unstored_cells", runs(unstored_bytes, unstored_cells)},
+            {"misplaced_there", misplaced_there},
             {"padding_rows_written", padding_rows_written},
             {"differences", differences_json(differences, "writer")},
             {"writer_layout", writer_layout ? Json::parse(to_json(*writer_layout)) : Json(nullptr)},

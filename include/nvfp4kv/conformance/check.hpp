@@ -58,6 +58,7 @@ struct WriteReport {
   std::vector<TouchedRun> outside_cells;   // bytes no element of the layout owns
   std::vector<TouchedRun> unstored_cells;  // bytes of cells no stored row owns: other pages, positions, layers
   int64_t outside_bytes = 0, unstored_bytes = 0;
+  int64_t misplaced_there = 0;  // of those, bytes holding a stored row's element (misplaced, above)
   std::vector<int64_t> padding_rows_written;  // padding rows (slot -1) whose bytes are in the dump
   std::optional<Layout> writer_layout;        // the layout with each misplaced region's inferred map
   std::string writer_layout_check;            // check()'s verdict on it
