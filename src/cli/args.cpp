@@ -101,6 +101,32 @@ std::vector<std::string> Args::get_all(const std::string& name) const {
   return it == values_.end() ? std::vector<std::string>{} : it->second;
 }
 
+int run_group(const std::string& group, const std::vector<Subcommand>& subs, const std::vector<std::string>& argv,
+              const std::string& footer) {
+  if (argv.empty() || argv[0] == "--help" || argv[0] == "-h") {  // asked for: stdout; missing: usage on stderr
+    std::ostream& out = argv.empty() ? std::cerr : std::cout;
+    out << "usage: nvfp4kv " << group << " SUBCOMMAND ...\n\n";
+    for (const Subcommand& s : subs) out << "  " << s.synopsis << "\n";
+    out << "\nnvfp4kv " << group << " SUBCOMMAND --help lists its options" << footer << "\n";
+    return argv.empty() ? kExitUsage : kExitOk;
+  }
+  std::vector<std::string> names;
+  for (const Subcommand& s : subs) {
+    names.push_back(s.name);
+    if (argv[0] != s.name) continue;
+    const Args a(std::vector<std::string>(argv.begin() + 1, argv.end()), s.spec());
+    if (a.help()) {
+      std::cout << help_text(s.spec());
+      return kExitOk;
+    }
+    return s.run(a);
+  }
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  throw UsageError("unknown " + group + " subcommand " + quote_text(argv[0]) + did_you_mean(argv[0], names) + " (" +
+                   list + ")");
+}
+
 namespace {
 
 // Parses the whole of `text` with `parse` (std::stoll / std::stod style); returns

@@ -75,6 +75,19 @@ DimsOverride dims_from(const Args& args);
 // A check's exit code: 0 sound, 1 unsound, 2 undecided (sizes past the proof's bounds).
 inline int verdict_code(const CheckReport& r) { return r.ok ? kExitOk : r.undecided ? kExitUsage : kExitVerdict; }
 
+// A command group (`layout`, `conformance`): its subcommands, each with a one-line
+// synopsis, its option table and what runs it.
+struct Subcommand {
+  const char* name;
+  const char* synopsis;  // "show LAYOUT [sizes]    regions, sizes, ..."
+  const CommandSpec& (*spec)();
+  int (*run)(const Args&);
+};
+// Dispatches argv[0] to its subcommand (with "did you mean"), answers --help for the
+// group and for each subcommand.
+int run_group(const std::string& group, const std::vector<Subcommand>& subcommands, const std::vector<std::string>& argv,
+              const std::string& footer);
+
 // A layout bound to sizes: the file's, the command line's (which may repeat but
 // not contradict the file's) and, for sizes both leave open, `fallback`'s, which
 // are then listed in `assumed` ("layers 1") for the command to print.

@@ -297,32 +297,17 @@ int cmd_check_read(const Args& a) {
   return r.ok() ? kExitOk : kExitVerdict;
 }
 
-const std::vector<std::string> kSubcommands = {"gen", "check-write", "check-read"};
-
 }  // namespace
 
 int run_conformance(const std::vector<std::string>& argv) {
-  if (argv.empty() || argv[0] == "--help" || argv[0] == "-h") {
-    std::cout << "usage: nvfp4kv conformance SUBCOMMAND ...\n\n"
-                 "  gen --layout LAYOUT [sizes] --out DIR          inputs for an engine's own writer and reader\n"
-                 "  check-write --layout LAYOUT --dir DIR --cache BUFFER=FILE ...   what its writer did\n"
-                 "  check-read --layout LAYOUT --dir DIR (--k FILE --v FILE | --out FILE)   what its reader read\n\n"
-                 "nvfp4kv conformance SUBCOMMAND --help lists its options; docs/conformance.md walks through them.\n";
-    return argv.empty() ? kExitUsage : kExitOk;
-  }
-  const std::string sub = argv[0];
-  const CommandSpec* spec = sub == "gen" ? &gen_spec() : sub == "check-write" ? &write_spec() : sub == "check-read" ? &read_spec() : nullptr;
-  if (!spec)
-    throw UsageError("unknown conformance subcommand " + quote_text(sub) + did_you_mean(sub, kSubcommands) +
-                     " (gen, check-write, check-read)");
-  const Args a(std::vector<std::string>(argv.begin() + 1, argv.end()), *spec);
-  if (a.help()) {
-    std::cout << help_text(*spec);
-    return kExitOk;
-  }
-  if (sub == "gen") return cmd_gen(a);
-  if (sub == "check-write") return cmd_check_write(a);
-  return cmd_check_read(a);
+  static const std::vector<Subcommand> subs = {
+      {"gen", "gen --layout LAYOUT [sizes] --out DIR                      inputs for an engine's own writer and reader",
+       gen_spec, cmd_gen},
+      {"check-write", "check-write --layout LAYOUT --dir DIR --cache BUFFER=FILE ...  what its writer did", write_spec,
+       cmd_check_write},
+      {"check-read", "check-read --layout LAYOUT --dir DIR (--k FILE --v FILE | --out FILE)  what its reader read",
+       read_spec, cmd_check_read}};
+  return run_group("conformance", subs, argv, "; docs/conformance.md walks through them.");
 }
 
 }  // namespace nvfp4kv::cli

@@ -259,42 +259,17 @@ int cmd_plan(const Args& a) {
   return kExitOk;
 }
 
-const std::vector<std::string> kSubcommands = {"presets", "show", "check", "compare", "plan"};
-
 }  // namespace
 
 int run_layout(const std::vector<std::string>& argv) {
-  if (argv.empty() || argv[0] == "--help" || argv[0] == "-h") {
-    std::cout << "usage: nvfp4kv layout SUBCOMMAND ...\n\n"
-                 "  presets                      the built-in layouts and their verdicts\n"
-                 "  show LAYOUT [sizes]          regions, sizes, capacity and a byte map of one page\n"
-                 "  check LAYOUT [sizes]         prove a layout sound or say where it breaks\n"
-                 "  compare WRITER READER [sizes]  do two descriptions place every element alike?\n"
-                 "  plan [options]               size an allocation\n\n"
-                 "nvfp4kv layout SUBCOMMAND --help lists its options.\n";
-    return argv.empty() ? kExitUsage : kExitOk;
-  }
-  const std::string sub = argv[0];
-  const std::vector<std::string> rest(argv.begin() + 1, argv.end());
-  const CommandSpec* spec = sub == "presets" ? &presets_spec()
-                            : sub == "show"  ? &show_spec()
-                            : sub == "check" ? &check_spec()
-                            : sub == "compare" ? &compare_spec()
-                            : sub == "plan"  ? &plan_spec()
-                                             : nullptr;
-  if (!spec)
-    throw UsageError("unknown layout subcommand " + quote_text(sub) + did_you_mean(sub, kSubcommands) +
-                     " (presets, show, check, compare, plan)");
-  const Args a(rest, *spec);
-  if (a.help()) {
-    std::cout << help_text(*spec);
-    return kExitOk;
-  }
-  if (sub == "presets") return cmd_presets(a);
-  if (sub == "show") return cmd_show(a);
-  if (sub == "check") return cmd_check(a);
-  if (sub == "compare") return cmd_compare(a);
-  return cmd_plan(a);
+  static const std::vector<Subcommand> subs = {
+      {"presets", "presets                        the built-in layouts and their verdicts", presets_spec, cmd_presets},
+      {"show", "show LAYOUT [sizes]            regions, sizes, capacity and a byte map of one page", show_spec, cmd_show},
+      {"check", "check LAYOUT [sizes]           prove a layout sound or say where it breaks", check_spec, cmd_check},
+      {"compare", "compare WRITER READER [sizes]  do two descriptions place every element alike?", compare_spec,
+       cmd_compare},
+      {"plan", "plan [options]                 size an allocation", plan_spec, cmd_plan}};
+  return run_group("layout", subs, argv, " (docs/layouts.md).");
 }
 
 }  // namespace nvfp4kv::cli

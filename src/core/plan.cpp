@@ -17,6 +17,23 @@ std::string bytes_text(int64_t b) {
   return s.str();
 }
 
+// The page count a request asks for: given, or as many as the budget holds after
+// `fixed` bytes at `per_page` bytes each (all layers).
+int64_t pages_of(const PlanRequest& q, i128 per_page, int64_t fixed, const std::string& what) {
+  const auto fail = [](const std::string& m) { throw LayoutError("plan: " + m); };
+  if (q.pages) {
+    if (*q.pages < 1) fail("page count must be >= 1, got " + std::to_string(*q.pages));
+    return *q.pages;
+  }
+  if (*q.memory_bytes < 1) fail("memory budget must be > 0 bytes, got " + std::to_string(*q.memory_bytes));
+  const int64_t pages = int64_t((i128(*q.memory_bytes) - fixed) / per_page);
+  if (pages < 1)
+    fail("a budget of " + bytes_text(*q.memory_bytes) + " holds no page" + what + ": one page of all " +
+         std::to_string(q.layers) + " layers needs " + std::to_string(int64_t(per_page + fixed)) +
+         " bytes; raise the budget or lower tokens per page");
+  return pages;
+}
+
 // A layout of one's own: what one page adds is the size at two pages minus the
 // size at one; whatever does not grow with pages is fixed.
 Plan plan_own(const PlanRequest& q, int64_t heads, int64_t first_head) {
@@ -30,17 +47,7 @@ Plan plan_own(const PlanRequest& q, int64_t heads, int64_t first_head) {
   if (per_page < 1 || fixed < 0)
     fail("layout \"" + one.name + "\" does not grow by a whole page per page (" + std::to_string(one.total_bytes()) +
          " B at one page, " + std::to_string(two.total_bytes()) + " B at two); its buffer sizes must be linear in P");
-  int64_t pages = 0;
-  if (q.pages) {
-    if (*q.pages < 1) fail("page count must be >= 1, got " + std::to_string(*q.pages));
-    pages = *q.pages;
-  } else {
-    if (*q.memory_bytes < 1) fail("memory budget must be > 0 bytes, got " + std::to_string(*q.memory_bytes));
-    pages = (*q.memory_bytes - fixed) / per_page;
-    if (pages < 1)
-      fail("a budget of " + bytes_text(*q.memory_bytes) + " holds no page of layout \"" + one.name + "\": one page of all " +
-           std::to_string(one.dims.layers) + " layers needs " + std::to_string(fixed + per_page) + " bytes");
-  }
+  const int64_t pages = pages_of(q, per_page, fixed, " of layout \"" + one.name + "\"");
   if (i128(per_page) * pages + fixed > i128(INT64_MAX) / 4)
     fail("the allocation overflows 64-bit sizes; lower the page count or budget");
   const Layout l = at(pages);
@@ -102,17 +109,7 @@ Plan plan(const PlanRequest& q) {
   if (page_all > kOffsetLimit)
     fail("one page of all " + std::to_string(q.layers) + " layers needs more than " + std::to_string(kOffsetLimit) +
          " bytes (2^62), the bound on any size; lower the layers, heads or tokens per page");
-  int64_t pages = 0;
-  if (q.pages) {
-    if (*q.pages < 1) fail("page count must be >= 1, got " + std::to_string(*q.pages));
-    pages = *q.pages;
-  } else {
-    if (*q.memory_bytes < 1) fail("memory budget must be > 0 bytes, got " + std::to_string(*q.memory_bytes));
-    pages = int64_t(i128(*q.memory_bytes) / page_all);
-    if (pages < 1)
-      fail("a budget of " + bytes_text(*q.memory_bytes) + " holds no page: one page of all " + std::to_string(q.layers) +
-           " layers needs " + std::to_string(int64_t(page_all)) + " bytes; raise the budget or lower tokens per page");
-  }
+  const int64_t pages = pages_of(q, page_all, 0, "");
   const i128 total = page_all * pages;
   if (total > i128(INT64_MAX) / 4 || i128(pages) * q.tokens_per_page > INT64_MAX / 4)
     fail("the allocation overflows 64-bit sizes; lower the page count or budget");
