@@ -21,7 +21,7 @@ namespace {
 constexpr float kKGlobalScale = 0.4375f, kVGlobalScale = 0.21875f;
 
 // Bounds that keep a kit a few seconds and a few hundred MiB of work.
-constexpr int64_t kMaxCacheBytes = int64_t(64) << 20;
+constexpr int64_t kMaxCacheBytes = int64_t(16) << 20;
 constexpr int64_t kMaxTokens = 16384;
 constexpr int64_t kMaxElements = int64_t(1) << 24;  // rows x heads x D per side
 
@@ -98,30 +98,37 @@ void require(bool ok, const std::string& why) {
   if (!ok) throw ArgumentError("conformance: " + why);
 }
 
-// Solves a x = b in place (Gaussian elimination with partial pivoting); false when
-// the matrix is singular to working precision.
-bool solve(std::vector<double> a, std::vector<double>& b, int64_t n) {
+// The inverse of the n x n matrix a (Gauss-Jordan with partial pivoting), or
+// nothing when it is singular to working precision.
+std::optional<std::vector<double>> inverse(std::vector<double> a, int64_t n) {
+  std::vector<double> inv(size_t(n * n), 0.0);
+  for (int64_t i = 0; i < n; ++i) inv[size_t(i * n + i)] = 1;
+  double scale = 0;
+  for (double x : a) scale = std::max(scale, std::fabs(x));
   for (int64_t c = 0; c < n; ++c) {
     int64_t p = c;
     for (int64_t r = c + 1; r < n; ++r)
       if (std::fabs(a[size_t(r * n + c)]) > std::fabs(a[size_t(p * n + c)])) p = r;
-    if (std::fabs(a[size_t(p * n + c)]) < 1e-9 * std::fabs(a[0] == 0 ? 1.0 : a[0])) return false;
-    if (p != c) {
-      for (int64_t k = 0; k < n; ++k) std::swap(a[size_t(c * n + k)], a[size_t(p * n + k)]);
-      std::swap(b[size_t(c)], b[size_t(p)]);
+    if (!(std::fabs(a[size_t(p * n + c)]) > 1e-12 * scale)) return std::nullopt;
+    for (int64_t k = 0; k < n; ++k) {
+      std::swap(a[size_t(c * n + k)], a[size_t(p * n + k)]);
+      std::swap(inv[size_t(c * n + k)], inv[size_t(p * n + k)]);
     }
-    for (int64_t r = c + 1; r < n; ++r) {
-      const double f = a[size_t(r * n + c)] / a[size_t(c * n + c)];
-      for (int64_t k = c; k < n; ++k) a[size_t(r * n + k)] -= f * a[size_t(c * n + k)];
-      b[size_t(r)] -= f * b[size_t(c)];
+    const double d = a[size_t(c * n + c)];
+    for (int64_t k = 0; k < n; ++k) {
+      a[size_t(c * n + k)] /= d;
+      inv[size_t(c * n + k)] /= d;
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      if (r == c || a[size_t(r * n + c)] == 0) continue;
+      const double f = a[size_t(r * n + c)];
+      for (int64_t k = 0; k < n; ++k) {
+        a[size_t(r * n + k)] -= f * a[size_t(c * n + k)];
+        inv[size_t(r * n + k)] -= f * inv[size_t(c * n + k)];
+      }
     }
   }
-  for (int64_t c = n - 1; c >= 0; --c) {
-    double s = b[size_t(c)];
-    for (int64_t k = c + 1; k < n; ++k) s -= a[size_t(c * n + k)] * b[size_t(k)];
-    b[size_t(c)] = s / a[size_t(c * n + c)];
-  }
-  return true;
+  return inv;
 }
 
 }  // namespace
@@ -187,7 +194,7 @@ Kit generate(const ValidLayout& valid, const KitOptions& opt) {
   int64_t cache_bytes = 0;
   for (const Buffer& b : l.buffers) cache_bytes += b.bytes;
   require(cache_bytes <= kMaxCacheBytes, "the cache's buffers hold " + std::to_string(cache_bytes) +
-                                             " bytes, more than a kit's 64 MiB; use fewer pages, heads or layers");
+                                             " bytes, more than a kit's 16 MiB; use fewer pages, heads or layers");
   const int64_t capacity = d.pages * d.tokens_per_page;
   const int64_t tokens = opt.tokens > 0 ? opt.tokens : std::max<int64_t>(1, std::min<int64_t>(capacity / 2, 512));
   require(tokens >= 1 && tokens <= kMaxTokens,
@@ -371,15 +378,14 @@ Kit generate(const ValidLayout& valid, const KitOptions& opt) {
           for (int64_t e = 0; e < D; ++e) dot += key(i, e) * key(j, e);
           gram[size_t(i * L + j)] = dot;
         }
+      const auto inv = inverse(gram, L);  // the query for token t is K^T (K K^T)^-1 e_t Z / scale
+      const bool solved = inv.has_value();
       for (int64_t t = 0; t < L; ++t) {
-        std::vector<double> alpha(size_t(L), 0.0);
-        alpha[size_t(t)] = kTarget / double(kit.softmax_scale);
-        const bool solved = solve(gram, alpha, L);
         std::vector<uint16_t> q(size_t(D), 0);
         for (int64_t e = 0; e < D && solved; ++e) {
           double x = 0;
-          for (int64_t i = 0; i < L; ++i) x += alpha[size_t(i)] * key(i, e);
-          q[size_t(e)] = to_16bit(float(x), opt.type);
+          for (int64_t i = 0; i < L; ++i) x += (*inv)[size_t(i * L + t)] * key(i, e);
+          q[size_t(e)] = to_16bit(float(x * kTarget / double(kit.softmax_scale)), opt.type);
         }
         // The margin with the rounded query, in fp64 as the reference computes it.
         double mine = 0, others = -1e300;
@@ -400,25 +406,22 @@ Kit generate(const ValidLayout& valid, const KitOptions& opt) {
       }
     }
   }
-  {
-    std::vector<int32_t> probe_table(static_cast<size_t>(tokens) * widest), lens(static_cast<size_t>(tokens));
-    for (int64_t b = 0; b < tokens; ++b) {
-      const int64_t s = kit.probe_sequence[size_t(b)];
-      std::copy(table.begin() + s * int64_t(widest), table.begin() + (s + 1) * int64_t(widest),
-                probe_table.begin() + b * int64_t(widest));
-      lens[size_t(b)] = int32_t(kit.sequences[size_t(s)].length);
+  // What each probe returns: decode attention in fp64 over the cache dequantized through
+  // the layout (reference::decode_attention's definition, on the rows gathered above).
+  kit.expected_out.assign(kit.q.size(), 0.0f);
+  for (const KitSequence& seq : kit.sequences) {
+    const int64_t n = seq.length * row_elems;
+    const std::vector<double> k(kit.read_k.begin() + seq.first_read_row * row_elems,
+                                kit.read_k.begin() + seq.first_read_row * row_elems + n);
+    const std::vector<double> v(kit.read_v.begin() + seq.first_read_row * row_elems,
+                                kit.read_v.begin() + seq.first_read_row * row_elems + n);
+    std::vector<double> q(size_t(kit.q_heads * D)), out(q.size()), lse(size_t(kit.q_heads));
+    for (int64_t b = seq.first_read_row; b < seq.first_read_row + seq.length; ++b) {
+      for (int64_t i = 0; i < kit.q_heads * D; ++i) q[size_t(i)] = from_16bit(kit.q[size_t(b * kit.q_heads * D + i)], opt.type);
+      reference::attend(q.data(), kit.q_heads, k.data(), v.data(), seq.length, d.heads, D, {kit.softmax_scale}, out.data(),
+                        lse.data());
+      std::copy(out.begin(), out.end(), kit.expected_out.begin() + b * kit.q_heads * D);
     }
-    DecodeArgs a;
-    a.q = kit.q.data();
-    a.q_type = opt.type;
-    a.q_heads = kit.q_heads;
-    a.batch = {.block_table = probe_table.data(), .block_table_stride = int64_t(widest), .seq_lens = lens.data(), .batch = tokens};
-    a.layer = opt.layer;
-    a.softmax_scale = kit.softmax_scale;
-    a.k_global_scale = &kit.k_global_scale;
-    a.v_global_scale = &kit.v_global_scale;
-    const reference::DecodeResult r = reference::decode_attention(valid, buffers, a);
-    kit.expected_out.assign(r.out.begin(), r.out.end());
   }
   return kit;
 }

@@ -47,7 +47,7 @@ Trace trace_kit(const Kit& kit, const std::vector<std::vector<uint8_t>>& buffers
         const int64_t o = at.byte + j;
         if (o >= int64_t(buf.size()) || t.at[size_t(at.buffer)][size_t(o)] >= 0) continue;
         if (j == 7 && (buf[size_t(o)] & 15u) != last[size_t(b)]) continue;
-        t.at[size_t(at.buffer)][size_t(o)] = b * 9 + j;
+        t.at[size_t(at.buffer)][size_t(o)] = int32_t(b * 9 + j);
       }
     }
   // Scales: each row's first min(sd, 8) codes, starting with its marker, at each stride.
@@ -77,8 +77,8 @@ Trace trace_kit(const Kit& kit, const std::vector<std::vector<uint8_t>>& buffers
         }
         const int64_t row = rid / (2 * d.heads), head = (rid / 2) % d.heads;
         for (int64_t g = 0; g < land.groups; ++g) {
-          int64_t& slot = t.at[size_t(at.buffer)][size_t(at.byte + g * land.stride)];
-          if (slot < 0) slot = kit.block_index({row, head, Side(rid % 2), g}) * 9 + 8;
+          int32_t& slot = t.at[size_t(at.buffer)][size_t(at.byte + g * land.stride)];
+          if (slot < 0) slot = int32_t(kit.block_index({row, head, Side(rid % 2), g}) * 9 + 8);
         }
         t.scale_rows[size_t(rid)].push_back(land);
       }

@@ -18,7 +18,7 @@ struct ScaleRowLanding {
 struct Trace {
   std::vector<std::vector<Location>> data;               // per block: where its data key is
   std::vector<std::vector<ScaleRowLanding>> scale_rows;  // per row id (row, head, side): where its scales are
-  std::vector<std::vector<int64_t>> at;                  // per buffer byte: block * 9 + byte (8: its scale), or -1
+  std::vector<std::vector<int32_t>> at;                  // per buffer byte: block * 9 + byte (8: its scale), or -1
   // Where block b's scale was found (through its row's landings).
   std::vector<Location> scale_of(const Kit& kit, const BlockId& b) const;
   // What the buffers hold at a byte: "poison (never written)", "v_data of row 3 (...), byte 9", "0x5a (no signature)".
