@@ -122,39 +122,59 @@ std::vector<MapDifference> map_differences(const Layout& a, const Layout& b) {
 std::vector<Misplacement> spread_examples(const Layout& w, const Layout& rd, int n) {
   const CacheDims& d = w.dims;
   constexpr int64_t kBudget = int64_t(1) << 20;
-  // Per region: the rows (head, token) of one (layer, page) where it differs, each with
-  // its first differing column.
-  std::vector<std::vector<Misplacement>> rows(kRegionCount);
+  // Per region: rows (head, token) where it differs, each with its first few differing
+  // columns, from the (layer, page) cells in turn until n elements are in hand. Offsets
+  // are affine in (layer, page) with one stride per region, so if a region differs
+  // anywhere it differs at (0, 0), (0, 1) or (1, 0): those cells come first.
+  std::vector<std::vector<std::vector<Misplacement>>> rows(kRegionCount);
   for (Region r : kAllRegions) {
     // One buffer name in both, and the same kind of allocation (per layer or all layers) or layer 0,
     // where the two kinds coincide: otherwise every element is elsewhere.
     const bool same_buffer = buffer_of(w, r) == buffer_of(rd, r);
     const bool same_kind = w.buffers[size_t(w.region(r).buffer)].per_layer == rd.buffers[size_t(rd.region(r).buffer)].per_layer;
-    const std::pair<int64_t, int64_t> cells[] = {{0, 0}, {0, 1}, {0, d.pages - 1}, {1, 0}, {d.layers - 1, d.pages - 1}};
-    for (auto [layer, page] : cells) {
-      if (layer >= d.layers || page >= d.pages || !rows[size_t(r)].empty()) continue;
-      int64_t budget = kBudget;
+    int64_t budget = kBudget, found = 0;
+    const auto visit = [&](int64_t layer, int64_t page) {
+      // Every row of the cell (to spread over them), up to n columns of each.
       for (Coord c{layer, page, 0, 0, 0}; c.head < d.heads && budget > 0; ++c.head)
-        for (c.token = 0; c.token < d.tokens_per_page && budget > 0; ++c.token)
-          for (c.column = 0; c.column < d.columns(r) && budget-- > 0; ++c.column) {
+        for (c.token = 0; c.token < d.tokens_per_page && budget > 0; ++c.token) {
+          std::vector<Misplacement> row;
+          for (c.column = 0; c.column < d.columns(r) && budget-- > 0 && int64_t(row.size()) < n; ++c.column) {
             const int64_t wb = w.offset(r, c), rb = rd.offset(r, c);
             if (wb == rb && same_buffer && (same_kind || c.layer == 0)) continue;
-            rows[size_t(r)].push_back({r, c, buffer_of(w, r), buffer_of(rd, r), wb, rb});
-            break;  // one per row
+            row.push_back({r, c, buffer_of(w, r), buffer_of(rd, r), wb, rb});
+            ++found;
           }
-    }
+          if (!row.empty()) rows[size_t(r)].push_back(std::move(row));
+        }
+    };
+    const auto first = [](int64_t l, int64_t p) { return (l == 0 && p <= 1) || (l == 1 && p == 0); };
+    for (auto [l, p] : {std::pair<int64_t, int64_t>{0, 0}, {0, 1}, {1, 0}})
+      if (l < d.layers && p < d.pages && found < n) visit(l, p);
+    for (int64_t l = 0; l < d.layers && budget > 0 && found < n; ++l)
+      for (int64_t p = 0; p < d.pages && budget > 0 && found < n; ++p)
+        if (!first(l, p)) visit(l, p);
   }
-  // Share n over the regions that differ, in turn; within one, evenly over its rows.
-  std::vector<int64_t> take(kRegionCount, 0);
+  // Share n over the regions that differ, in turn; within one, over its rows evenly and,
+  // when it has fewer rows than its share, further columns of them.
+  std::vector<int64_t> have(kRegionCount, 0), take(kRegionCount, 0);
+  for (int r = 0; r < kRegionCount; ++r)
+    for (const auto& row : rows[size_t(r)]) have[size_t(r)] += int64_t(row.size());
   for (int given = 0, progress = 1; given < n && progress;) {
     progress = 0;
     for (int r = 0; r < kRegionCount && given < n; ++r)
-      if (take[size_t(r)] < int64_t(rows[size_t(r)].size())) ++take[size_t(r)], ++given, progress = 1;
+      if (take[size_t(r)] < have[size_t(r)]) ++take[size_t(r)], ++given, progress = 1;
   }
   std::vector<Misplacement> out;
   for (int r = 0; r < kRegionCount; ++r) {
-    const int64_t k = take[size_t(r)], m = int64_t(rows[size_t(r)].size());
-    for (int64_t i = 0; i < k; ++i) out.push_back(rows[size_t(r)][size_t(i * m / k)]);
+    const auto& list = rows[size_t(r)];
+    const int64_t k = take[size_t(r)], m = int64_t(list.size());
+    if (k <= m) {
+      for (int64_t i = 0; i < k; ++i) out.push_back(list[size_t(i * m / k)].front());
+      continue;
+    }
+    for (size_t col = 0, left = size_t(k); left > 0; ++col)
+      for (const auto& row : list)
+        if (col < row.size() && left > 0) out.push_back(row[col]), --left;
   }
   return out;
 }
