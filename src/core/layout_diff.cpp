@@ -121,7 +121,7 @@ std::vector<MapDifference> map_differences(const Layout& a, const Layout& b) {
 
 std::vector<Misplacement> spread_examples(const Layout& w, const Layout& rd, int n) {
   const CacheDims& d = w.dims;
-  constexpr int64_t kBudget = int64_t(1) << 20;
+  constexpr int64_t kBudget = int64_t(1) << 16;
   // Per region: rows (head, token) where it differs, each with its first few differing
   // columns, from the (layer, page) cells in turn until n elements are in hand. Offsets
   // are affine in (layer, page) with one stride per region, so if a region differs

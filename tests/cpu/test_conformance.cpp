@@ -378,6 +378,21 @@ TEST(CheckRead, AttentionThroughTheWrongViewIsCaught) {
   EXPECT_LT(wrong.probe_correct, wrong.probe_rows);
 }
 
+TEST(FitMode, FindsPlainStridesInterleavesAndNothingElse) {
+  const auto points = [](const Mode& m, std::initializer_list<int64_t> xs, int64_t c) {
+    std::vector<std::pair<int64_t, int64_t>> p;
+    for (int64_t x : xs) p.push_back({x, c + m(x)});
+    return p;
+  };
+  EXPECT_EQ(fit_mode(points(Mode(144), {0, 3, 7, 15}, 1000), 16), Mode(144));
+  EXPECT_EQ(fit_mode(points(Mode(-8), {2, 5}, 1000), 16), Mode(-8));
+  // The 4-token interleave, from any partial set of tokens that pins both strides.
+  EXPECT_EQ(fit_mode(points(Mode(4, 1, 32), {0, 1, 2, 3, 4, 9, 15}, 77), 16), Mode(4, 1, 32));
+  EXPECT_EQ(fit_mode(points(Mode(4, 1, 32), {1, 6, 13}, 77), 16), Mode(4, 1, 32));
+  EXPECT_FALSE(fit_mode(points(Mode(4), {5}, 0), 16));  // one point: nothing to fit
+  EXPECT_FALSE(fit_mode({{0, 0}, {1, 5}, {2, 7}, {3, 100}}, 4));  // no mode of a 4-extent does this
+}
+
 TEST(Npy, WritesWhatNumpyReadsAndReadsItBack) {
   const std::string path = (std::filesystem::temp_directory_path() / "nvfp4kv-npy-test.npy").string();
   write_npy(path, npy_i64({1, -2, 3, 4, 5, 6}, {2, 3}));

@@ -40,7 +40,7 @@ std::string scale_pattern(const Layout& l, Region r);
 // Up to n elements the two layouts place differently, spread over the regions
 // that differ (in turn) and over the rows (head, token) of each, evenly, from one
 // (layer, page) where the region differs; fewer rows than a region's share give
-// further columns of them. Bounded work: at most 2^20 elements examined per region.
+// further columns of them. Bounded work: at most 2^16 elements examined per region.
 std::vector<Misplacement> spread_examples(const Layout& writer, const Layout& reader, int n);
 
 }  // namespace nvfp4kv
