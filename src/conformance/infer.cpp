@@ -125,6 +125,9 @@ std::string ByteOwners::describe_run(const Location& at, int64_t length, int64_t
 std::optional<Mode> fit_mode(const std::vector<std::pair<int64_t, int64_t>>& pts, int64_t extent) {
   if (pts.size() < 2) return std::nullopt;
   const auto [x0, y0] = pts[0];
+  bool spread = false;
+  for (const auto& p : pts) spread = spread || p.first != x0;
+  if (!spread) return std::nullopt;  // every x alike: nothing to fit
   // Plain: y - y0 = (x - x0) * s.
   {
     std::optional<int64_t> s;
@@ -134,15 +137,12 @@ std::optional<Mode> fit_mode(const std::vector<std::pair<int64_t, int64_t>>& pts
         ok = ok && y == y0;
         continue;
       }
-      if ((y - y0) % (x - x0) != 0) {
+      if ((y - y0) % (x - x0) != 0 || (s && *s != (y - y0) / (x - x0))) {
         ok = false;
         break;
       }
-      const int64_t v = (y - y0) / (x - x0);
-      if (s && *s != v) ok = false;
-      s = v;
+      s = (y - y0) / (x - x0);
     }
-    if (!s) return std::nullopt;  // every x alike: nothing to fit
     if (ok) return Mode(*s);
   }
   // Nested: y - y0 = (r - r0) * a + (q - q0) * b with r = x % n, q = x / n.
