@@ -95,7 +95,7 @@ std::vector<float> probe_ties(uint8_t scale, float gs, ElementType type) {
 }
 
 void require(bool ok, const std::string& why) {
-  if (!ok) throw ArgumentError("conformance: " + why);
+  if (!ok) throw ArgumentError("kit: " + why);
 }
 
 // The inverse of the n x n matrix a (Gauss-Jordan with partial pivoting), or
@@ -316,7 +316,7 @@ Kit generate(const ValidLayout& valid, const KitOptions& opt) {
     const auto codes = signature_codes(uint64_t(b));
     bool ok = q.scale == signature_scale(d, (id.row * d.heads + id.head) * 2 + int64_t(id.side), id.group);
     for (int e = 0; e < 15; ++e) ok = ok && ((q.packed[e / 2] >> (4 * (e % 2))) & 15u) == codes[size_t(e)];
-    if (!ok) throw Error("conformance: block " + std::to_string(b) + " lost its signature in quantization (a bug in nvfp4kv)");
+    if (!ok) throw Error("kit: block " + std::to_string(b) + " lost its signature in quantization (a bug in nvfp4kv)");
     if (!kit.cell(id.row)) continue;
     for (RoundingPolicy p : {RoundingPolicy::kReciprocalMultiply, RoundingPolicy::kFastMathDivision}) {
       const QuantizedBlock o = quantize_block_as(p, x, kit.global_scale(id.side));

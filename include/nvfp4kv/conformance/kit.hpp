@@ -67,6 +67,7 @@ struct Kit {
   std::vector<uint16_t> k, v;                // (rows, heads, D) of options.type
   std::vector<int64_t> slots;                // (rows): page * N + position, -1 for padding
   std::vector<KitSequence> sequences;        // the stored rows, in sequences over shuffled pages
+  std::vector<int64_t> row_sequence, row_position;  // (rows): each row's sequence and position in it, -1 for padding
   std::vector<std::vector<uint8_t>> cache;   // indexed like layout().buffers: the reference store, kPoison elsewhere
 
   // The reader's: the cache above, read as sequences into dense rows.
@@ -97,8 +98,6 @@ struct Kit {
   void block_values(const BlockId& b, float* x) const;
   // Where a row's cells are: (page, position), or nullopt for padding.
   std::optional<std::pair<int64_t, int64_t>> cell(int64_t row) const;
-  // The sequence and position of each stored row (-1 for padding).
-  std::vector<int64_t> row_sequence, row_position;
 };
 
 inline constexpr double kProbeMargin = 30;  // logits: exp(-30) of leak per other token
