@@ -59,6 +59,7 @@ class Kit:
       k, v:        (rows, H, D) uint16 bf16 bit patterns, or float16 (``dtype``);
                    k_f32 / v_f32 the same values as float32 (exact, copies)
       slots:       (rows,) int64: page * tokens_per_page + position; -1 is padding
+                   (row_sequence, row_position: each row's sequence and position in it)
       k_global_scale, v_global_scale: the dequant multipliers (vLLM's k_scale);
                    k_quant / v_quant their float32 reciprocals (FlashInfer's global_sf)
       layer:       the layer to store into; poison: the byte every buffer holds first
@@ -137,6 +138,16 @@ class Kit:
     def slots(self) -> np.ndarray:
         """(rows,) int64: page * tokens_per_page + position; -1 for padding."""
         return self._k.slots
+
+    @property
+    def row_sequence(self) -> np.ndarray:
+        """(rows,) int64: each row's sequence (an index into ``sequences``); -1 for padding."""
+        return self._k.row_sequence
+
+    @property
+    def row_position(self) -> np.ndarray:
+        """(rows,) int64: each row's position in its sequence; -1 for padding."""
+        return self._k.row_position
 
     @property
     def k_global_scale(self) -> float:

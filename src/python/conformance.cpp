@@ -36,6 +36,15 @@ View view(nb::handle kit, const std::vector<T>& values, std::initializer_list<si
 
 const Kit& kit_of(nb::handle self) { return nb::cast<const Kit&>(self); }
 
+// A getter of a one-dimensional member as a view.
+template <class T>
+auto flat_view(std::vector<T> Kit::*member) {
+  return [member](nb::handle self) {
+    const std::vector<T>& values = kit_of(self).*member;
+    return view(self, values, {values.size()});
+  };
+}
+
 // bf16 rows as their uint16 bit patterns (NumPy has no bf16), fp16 as float16: the kit's .npy files.
 View rows16(nb::handle self, const std::vector<uint16_t>& values, int64_t rows, int64_t heads) {
   const Kit& kit = kit_of(self);
@@ -54,7 +63,8 @@ int examples_arg(int max_examples) {
 std::vector<uint8_t> dump_of(nb::handle h, const std::string& name, const Buffer& buffer) {
   Array array;
   if (!nb::try_cast(h, array))
-    fail(name, "expected a uint8 array (NumPy or any CPU DLPack array), got " + std::string(nb::type_name(h.type()).c_str()));
+    fail(name,
+         "expected a uint8 array (NumPy or any CPU DLPack array), got " + std::string(nb::type_name(h.type()).c_str()));
   const ArrayFacts a(array);
   require_place(a, name, kHost);
   require_dtype(a, name, {DType::kUInt8});
@@ -83,20 +93,21 @@ std::vector<std::vector<uint8_t>> dumps_of(const Kit& kit, nb::handle buffers) {
       if (!nb::isinstance<nb::str>(key)) fail("buffers", "dict keys are the layout's buffer names (" + listed + ")");
       const std::string name = nb::cast<std::string>(key);
       if (std::find(names.begin(), names.end(), name) == names.end())
-        fail("buffers", "the layout has no buffer \"" + name + "\"" + did_you_mean(name, names) + "; its buffers: " + listed);
+        fail("buffers",
+             "the layout has no buffer \"" + name + "\"" + did_you_mean(name, names) + "; its buffers: " + listed);
     }
     for (size_t i = 0; i < names.size(); ++i) {
       if (!given.contains(names[i].c_str()))
-        fail("buffers", "no array for buffer \"" + names[i] + "\": the writer's copy of every buffer (" + listed +
-                            ") is needed");
+        fail("buffers",
+             "no array for buffer \"" + names[i] + "\": the writer's copy of every buffer (" + listed + ") is needed");
       dumps.push_back(dump_of(given[names[i].c_str()], "buffers[\"" + names[i] + "\"]", l.buffers[i]));
     }
     return dumps;
   }
   if (nb::isinstance<nb::list>(buffers) || nb::isinstance<nb::tuple>(buffers)) {
     if (nb::len(buffers) != names.size())
-      fail("buffers", "expected " + std::to_string(names.size()) + " array(s), one per layout buffer (" + listed + "), got " +
-                          std::to_string(nb::len(buffers)));
+      fail("buffers", "expected " + std::to_string(names.size()) + " array(s), one per layout buffer (" + listed +
+                          "), got " + std::to_string(nb::len(buffers)));
     for (size_t i = 0; i < names.size(); ++i)
       dumps.push_back(dump_of(buffers[i], "buffers[" + std::to_string(i) + "]", l.buffers[i]));
     return dumps;
@@ -129,16 +140,14 @@ void bind_kit(nb::module_& m) {
       .def_prop_ro("dtype", [](const Kit& k) { return dtype_text(k.options.type); })
       .def_prop_ro("layer", [](const Kit& k) { return k.options.layer; })
       .def_prop_ro("seed", [](const Kit& k) { return k.options.seed; })
-      .def_prop_ro("requested_tokens", [](const Kit& k) { return k.options.tokens; })
-      .def_prop_ro("requested_q_heads", [](const Kit& k) { return k.options.q_heads; })
       .def_ro("k_global_scale", &Kit::k_global_scale)
       .def_ro("v_global_scale", &Kit::v_global_scale)
       .def_ro("rows", &Kit::rows)
       .def_prop_ro("k", [](nb::handle s) { return rows16(s, kit_of(s).k, kit_of(s).rows, kit_of(s).dims().heads); })
       .def_prop_ro("v", [](nb::handle s) { return rows16(s, kit_of(s).v, kit_of(s).rows, kit_of(s).dims().heads); })
-      .def_prop_ro("slots", [](nb::handle s) { return view(s, kit_of(s).slots, {kit_of(s).slots.size()}); })
-      .def_prop_ro("row_sequence", [](nb::handle s) { return view(s, kit_of(s).row_sequence, {kit_of(s).row_sequence.size()}); })
-      .def_prop_ro("row_position", [](nb::handle s) { return view(s, kit_of(s).row_position, {kit_of(s).row_position.size()}); })
+      .def_prop_ro("slots", flat_view(&Kit::slots))
+      .def_prop_ro("row_sequence", flat_view(&Kit::row_sequence))
+      .def_prop_ro("row_position", flat_view(&Kit::row_position))
       .def_prop_ro(
           "sequences",
           [](const Kit& k) {
@@ -156,7 +165,7 @@ void bind_kit(nb::module_& m) {
             return out;
           },
           "The expected buffers, one flat uint8 view per layout buffer.")
-      .def_prop_ro("read_rows", [](nb::handle s) { return view(s, kit_of(s).read_rows, {kit_of(s).read_rows.size()}); })
+      .def_prop_ro("read_rows", flat_view(&Kit::read_rows))
       .def_prop_ro("read_k",
                    [](nb::handle s) {
                      const Kit& k = kit_of(s);
@@ -170,10 +179,8 @@ void bind_kit(nb::module_& m) {
       .def_ro("q_heads", &Kit::q_heads)
       .def_ro("softmax_scale", &Kit::softmax_scale)
       .def_prop_ro("q", [](nb::handle s) { return rows16(s, kit_of(s).q, kit_of(s).probes(), kit_of(s).q_heads); })
-      .def_prop_ro("probe_sequence",
-                   [](nb::handle s) { return view(s, kit_of(s).probe_sequence, {kit_of(s).probe_sequence.size()}); })
-      .def_prop_ro("probe_position",
-                   [](nb::handle s) { return view(s, kit_of(s).probe_position, {kit_of(s).probe_position.size()}); })
+      .def_prop_ro("probe_sequence", flat_view(&Kit::probe_sequence))
+      .def_prop_ro("probe_position", flat_view(&Kit::probe_position))
       .def_prop_ro("probe_isolates",
                    [](nb::handle s) {
                      const Kit& k = kit_of(s);
@@ -203,7 +210,8 @@ void bind_kit(nb::module_& m) {
 }
 
 void bind_reports(nb::module_& m) {
-  nb::class_<WriteReport>(m, "ConformanceWriteReport", "check_write's report; nvfp4kv.conformance.WriteReport wraps it.")
+  nb::class_<WriteReport>(m, "ConformanceWriteReport",
+                          "check_write's report; nvfp4kv.conformance.WriteReport wraps it.")
       .def_prop_ro("ok", &WriteReport::ok)
       .def("text", &WriteReport::text)
       .def("json", &WriteReport::json)
@@ -244,10 +252,15 @@ void bind_conformance(nb::module_& m) {
 
   m.def(
       "conformance_generate",
-      [](const ValidLayout& layout, int64_t tokens, const std::string& dtype, int64_t layer, int64_t q_heads, uint64_t seed) {
-        if (tokens < 0) throw ArgumentError("tokens: expected 0 (half the cache, at most 512) or a count, got " + std::to_string(tokens));
-        if (q_heads < 0) throw ArgumentError("q_heads: expected 0 (the kv heads) or a count, got " + std::to_string(q_heads));
-        if (dtype != "bf16" && dtype != "fp16") throw ArgumentError("dtype: expected \"bf16\" or \"fp16\", got \"" + dtype + "\"");
+      [](const ValidLayout& layout, int64_t tokens, const std::string& dtype, int64_t layer, int64_t q_heads,
+         uint64_t seed) {
+        if (tokens < 0)
+          throw ArgumentError("tokens: expected 0 (half the cache, at most 512) or a count, got " +
+                              std::to_string(tokens));
+        if (q_heads < 0)
+          throw ArgumentError("q_heads: expected 0 (the kv heads) or a count, got " + std::to_string(q_heads));
+        if (dtype != "bf16" && dtype != "fp16")
+          throw ArgumentError("dtype: expected \"bf16\" or \"fp16\", got \"" + dtype + "\"");
         conformance::KitOptions o;
         o.tokens = tokens;
         o.type = dtype == "fp16" ? ElementType::kFloat16 : ElementType::kBFloat16;
