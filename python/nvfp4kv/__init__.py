@@ -11,7 +11,9 @@ its store, gather and decode-attention kernels ask that one layout for every byt
     cache.store(k, v, slot_mapping, layer)          # (tokens, heads, D) bf16 rows
     cache.decode(q, block_table, seq_lens, layer, out)
 
-Tensors cross through DLPack (PyTorch, CuPy, JAX, NumPy) without a copy.
+``nvfp4kv.conformance`` checks an engine's own writer and reader against the
+layout it claims (docs/conformance.md). Tensors cross through DLPack (PyTorch,
+CuPy, JAX, NumPy) without a copy.
 ``has_cuda`` says whether this build has the CUDA kernels; without them
 layouts, planning and the CPU reference (host caches) all work.
 """

@@ -218,6 +218,22 @@ def test_the_kits_own_buffers_are_exact(kit):
         assert "check-write: PASS (every byte exact)" in report.text()
 
 
+def test_buffers_by_name_or_in_the_layouts_order():
+    # FlashInfer's NHD cache: four per-layer buffers; the kit writes layer 1 of 2.
+    layout = nvfp4kv.load("flashinfer-nhd", **dict(SIZES, layers=2))
+    kit = conformance.gen(layout, layer=1)
+    assert kit.buffer_names == ["k_data", "k_scale", "v_data", "v_scale"]
+    by_name = dict(zip(reversed(kit.buffer_names), reversed(kit.cache)))
+    assert conformance.check_write(kit, by_name).ok
+    k_data, k_scale, v_data, v_scale = kit.cache
+    swapped = conformance.check_write(kit, (v_data, k_scale, k_data, v_scale))
+    assert swapped.verdicts == {"k_data": "misplaced", "k_scale": "exact", "v_data": "misplaced", "v_scale": "exact"}
+    assert swapped.regions["k_data"]["writer_map"]["map"]["buffer"] == "v_data"
+    with pytest.raises(nvfp4kv.ArgumentError, match=r'buffers\["k_scale"\]: holds 32768 bytes; buffer "k_scale" of '
+                                                    r"the layout is 4096 \(one layer's allocation\)"):
+        conformance.check_write(kit, dict(by_name, k_scale=k_data))
+
+
 def test_vllm_token_major_writer_is_misplaced_and_its_map_inferred(kit):
     report = conformance.check_write(kit, vllm_write(kit))
     assert not report.ok
@@ -268,6 +284,17 @@ def test_the_right_reader_is_right(kit):
         report = conformance.check_read_rows(kit, convert(k), convert(v))
         assert report.ok and report.mode == "rows", report.text()
     assert report.sides["K"]["correct"] == report.sides["K"]["elements"] == kit.expected_k.size
+
+
+def test_torch_cpu_tensors_cross_through_dlpack(kit):
+    torch = pytest.importorskip("torch")
+    assert conformance.check_write(kit, [torch.from_numpy(kit.cache[0].copy())]).ok
+    k = torch.from_numpy(kit.expected_k.copy()).bfloat16()
+    v = torch.from_numpy(kit.expected_v.copy()).half()
+    assert conformance.check_read_rows(kit, k, v).ok
+    assert conformance.check_read_attention(kit, torch.from_numpy(kit.expected_out.copy()).bfloat16()).ok
+    # k's uint16 bit patterns are torch's bf16.
+    assert torch.equal(torch.from_numpy(kit.k.copy()).view(torch.bfloat16).float(), torch.from_numpy(kit.k_f32))
 
 
 def test_vllm_split_data_scale_names_the_aliased_bytes(kit):
