@@ -47,6 +47,11 @@ def _bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+def _from_core(name: str, doc: Optional[str] = None) -> Any:
+    """A read-only property: the wrapped _core object's attribute ``name``."""
+    return property(lambda self: getattr(self._k, name), doc=doc)
+
+
 class Kit:
     """A conformance kit: inputs for an engine's writer and reader whose every
     16-element block carries a recoverable signature, and what nvfp4kv's
@@ -82,47 +87,27 @@ class Kit:
         self._k = core
 
     # ---- what it is for
-    @property
-    def layout(self) -> ValidLayout:
-        return self._k.layout
+    layout = _from_core("layout", "The ValidLayout the kit was generated for.")
+    dtype = _from_core("dtype", "'bf16' or 'fp16': the element type of k, v and q.")
+    layer = _from_core("layer", "The layer the writer stores into and the reader reads.")
+    seed = _from_core("seed")
 
     @property
     def dims(self) -> Dims:
         return self._k.layout.dims
 
-    @property
-    def dtype(self) -> str:
-        """'bf16' or 'fp16': the element type of k, v and q."""
-        return self._k.dtype
-
-    @property
-    def layer(self) -> int:
-        return self._k.layer
-
-    @property
-    def seed(self) -> int:
-        return self._k.seed
-
     # ---- the writer's inputs
-    @property
-    def rows(self) -> int:
-        """Input rows, padding rows included."""
-        return self._k.rows
+    rows = _from_core("rows", "Input rows, padding rows included.")
+    k = _from_core("k", "(rows, H, D): K rows to store, uint16 bf16 bit patterns or float16.")
+    v = _from_core("v", "(rows, H, D): V rows to store, like k.")
+    slots = _from_core("slots", "(rows,) int64: page * tokens_per_page + position; -1 for padding.")
+    row_sequence = _from_core("row_sequence", "(rows,) int64: each row's index in ``sequences``; -1 for padding.")
+    row_position = _from_core("row_position", "(rows,) int64: each row's position in its sequence; -1 for padding.")
 
     @property
     def tokens(self) -> int:
         """Stored rows (R): the rows with a slot, in sequences."""
         return int(self._k.read_rows.shape[0])
-
-    @property
-    def k(self) -> np.ndarray:
-        """(rows, H, D): K rows to store, uint16 bf16 bit patterns or float16."""
-        return self._k.k
-
-    @property
-    def v(self) -> np.ndarray:
-        """(rows, H, D): V rows to store, like k."""
-        return self._k.v
 
     @property
     def k_f32(self) -> np.ndarray:
@@ -133,21 +118,6 @@ class Kit:
     def v_f32(self) -> np.ndarray:
         """(rows, H, D) float32: v's values, exactly (a copy)."""
         return self._as_f32(self._k.v)
-
-    @property
-    def slots(self) -> np.ndarray:
-        """(rows,) int64: page * tokens_per_page + position; -1 for padding."""
-        return self._k.slots
-
-    @property
-    def row_sequence(self) -> np.ndarray:
-        """(rows,) int64: each row's sequence (an index into ``sequences``); -1 for padding."""
-        return self._k.row_sequence
-
-    @property
-    def row_position(self) -> np.ndarray:
-        """(rows,) int64: each row's position in its sequence; -1 for padding."""
-        return self._k.row_position
 
     @property
     def k_global_scale(self) -> float:
@@ -184,6 +154,10 @@ class Kit:
         return [np.full(b.shape, self.poison, dtype=np.uint8) for b in self._k.cache]
 
     # ---- the reader's
+    read_rows = _from_core("read_rows", "(R,) int64: the input row of each dense output row.")
+    expected_k = _from_core("read_k", "(R, H, D) float32: the cache's K rows in sequence order, dequantized.")
+    expected_v = _from_core("read_v", "(R, H, D) float32: the cache's V rows in sequence order, dequantized.")
+
     @property
     def sequences(self) -> List[Tuple[List[int], int]]:
         """(pages, length) of each sequence: page k holds positions [k N, (k + 1) N)."""
@@ -208,53 +182,25 @@ class Kit:
         """(S + 1,) int32: sequence i is rows [cu[i], cu[i+1]) of a reader's dense output."""
         return np.concatenate([[0], np.cumsum(self.seq_lens)]).astype(np.int32)
 
-    @property
-    def read_rows(self) -> np.ndarray:
-        """(R,) int64: the input row of each dense output row."""
-        return self._k.read_rows
-
-    @property
-    def expected_k(self) -> np.ndarray:
-        """(R, H, D) float32: the cache's K rows in sequence order, dequantized."""
-        return self._k.read_k
-
-    @property
-    def expected_v(self) -> np.ndarray:
-        """(R, H, D) float32: the cache's V rows in sequence order, dequantized."""
-        return self._k.read_v
-
     # ---- attention probes
+    q_heads = _from_core("q_heads")
+    q = _from_core("q", "(P, q_heads, D): one decode query per probe, uint16 bf16 bit patterns or float16.")
+    probe_sequence = _from_core("probe_sequence", "(P,) int32: the sequence each probe attends over.")
+    probe_position = _from_core("probe_position", "(P,) int32: the position in its sequence each probe singles out.")
+    expected_out = _from_core("expected_out", "(P, q_heads, D) float32: fp64 reference decode attention over the cache.")
+
     @property
     def probes(self) -> int:
         return int(self._k.probe_sequence.shape[0])
-
-    @property
-    def q_heads(self) -> int:
-        return self._k.q_heads
 
     @property
     def softmax_scale(self) -> float:
         return float(self._k.softmax_scale)
 
     @property
-    def q(self) -> np.ndarray:
-        """(P, q_heads, D): one decode query per probe, uint16 bf16 bit patterns or float16."""
-        return self._k.q
-
-    @property
     def q_f32(self) -> np.ndarray:
         """(P, q_heads, D) float32: q's values, exactly (a copy)."""
         return self._as_f32(self._k.q)
-
-    @property
-    def probe_sequence(self) -> np.ndarray:
-        """(P,) int32: the sequence each probe attends over."""
-        return self._k.probe_sequence
-
-    @property
-    def probe_position(self) -> np.ndarray:
-        """(P,) int32: the position in its sequence each probe singles out."""
-        return self._k.probe_position
 
     @property
     def probe_block_tables(self) -> np.ndarray:
@@ -271,25 +217,14 @@ class Kit:
         """(P, q_heads) bool: the query's margin held after rounding it to dtype."""
         return self._k.probe_isolates.astype(bool)
 
-    @property
-    def expected_out(self) -> np.ndarray:
-        """(P, q_heads, D) float32: fp64 reference decode attention over the cache."""
-        return self._k.expected_out
-
     # ---- facts about the signatures
-    @property
-    def probe_blocks(self) -> int:
-        """Stored blocks whose element 15 is a rounding probe."""
-        return self._k.probe_blocks
+    probe_blocks = _from_core("probe_blocks", "Stored blocks whose element 15 is a rounding probe.")
+    scale_rows_unique = _from_core("scale_rows_unique", "Whether every row of scales is unique (False only at D < 64).")
 
     @property
     def bytes_differing(self) -> Dict[str, int]:
         """Per rounding policy, the stored bytes it writes unlike nvfp4kv."""
         return dict(self._k.bytes_differing)
-
-    @property
-    def scale_rows_unique(self) -> bool:
-        return bool(self._k.scale_rows_unique)
 
     def write(self, out_dir: Union[str, os.PathLike]) -> None:
         """Write the kit's files (docs/conformance.md) into out_dir, created if missing."""
@@ -349,7 +284,41 @@ def load_kit(dir: Union[str, os.PathLike], layout: Union[LayoutLike, str]) -> Ki
     return Kit(_core.conformance_load_kit(path, check(layout)))
 
 
-class WriteReport:
+class _Report:
+    """What the two kinds of report share: the verdict, the CLI's text and JSON."""
+
+    def __init__(self, core: Any):
+        self._r = core
+        self._dict: Optional[Dict[str, Any]] = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self._r.ok)
+
+    def text(self) -> str:
+        """What the CLI prints."""
+        return self._r.text()
+
+    def json(self) -> str:
+        """The CLI's --json report (docs/cli-json.md), without its envelope."""
+        return self._r.json()
+
+    def to_dict(self) -> Dict[str, Any]:
+        """json(), parsed."""
+        if self._dict is None:
+            self._dict = _json.loads(self._r.json())
+        return self._dict
+
+    @property
+    def differences(self) -> List[str]:
+        """The inferred map against the layout, one sentence per field that differs."""
+        return [d["text"] for d in self.to_dict()["differences"]]
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+class WriteReport(_Report):
     """What check_write found, region by region (k_data, k_scale, v_data, v_scale).
 
     ok:        every region exact or rounding-only and nothing written outside
@@ -364,24 +333,13 @@ class WriteReport:
     text(), json(), to_dict(): the CLI's text, its --json report, and that parsed
     """
 
-    def __init__(self, core: Any):
-        self._r = core
-        self._dict: Optional[Dict[str, Any]] = None
+    @property
+    def writer_layout(self) -> Optional[Layout]:
+        return self._r.writer_layout
 
     @property
-    def ok(self) -> bool:
-        return bool(self._r.ok)
-
-    def text(self) -> str:
-        return self._r.text()
-
-    def json(self) -> str:
-        return self._r.json()
-
-    def to_dict(self) -> Dict[str, Any]:
-        if self._dict is None:
-            self._dict = _json.loads(self._r.json())
-        return self._dict
+    def writer_layout_json(self) -> Optional[str]:
+        return self._r.writer_layout_json
 
     @property
     def regions(self) -> Dict[str, Dict[str, Any]]:
@@ -392,30 +350,15 @@ class WriteReport:
         return {r["region"]: r["verdict"] for r in self.to_dict()["regions"]}
 
     @property
-    def differences(self) -> List[str]:
-        return [d["text"] for d in self.to_dict()["differences"]]
-
-    @property
-    def writer_layout(self) -> Optional[Layout]:
-        return self._r.writer_layout
-
-    @property
-    def writer_layout_json(self) -> Optional[str]:
-        return self._r.writer_layout_json
-
-    @property
     def writer_layout_check(self) -> Optional[str]:
         return self._r.writer_layout_check if self._r.writer_layout is not None else None
-
-    def __str__(self) -> str:
-        return self.text()
 
     def __repr__(self) -> str:
         return "<nvfp4kv.conformance.WriteReport %s: %s>" % (
             "PASS" if self.ok else "FAIL", ", ".join("%s %s" % kv for kv in self.verdicts.items()))
 
 
-class ReadReport:
+class ReadReport(_Report):
     """What check_read_rows or check_read_attention found.
 
     ok:        every block read right (rows), every probe output right (attention)
@@ -430,28 +373,9 @@ class ReadReport:
     text(), json(), to_dict(): the CLI's text, its --json report, and that parsed
     """
 
-    def __init__(self, core: Any):
-        self._r = core
-        self._dict: Optional[Dict[str, Any]] = None
-
-    @property
-    def ok(self) -> bool:
-        return bool(self._r.ok)
-
     @property
     def mode(self) -> str:
         return self._r.mode
-
-    def text(self) -> str:
-        return self._r.text()
-
-    def json(self) -> str:
-        return self._r.json()
-
-    def to_dict(self) -> Dict[str, Any]:
-        if self._dict is None:
-            self._dict = _json.loads(self._r.json())
-        return self._dict
 
     @property
     def sides(self) -> Dict[str, Dict[str, int]]:
@@ -470,19 +394,12 @@ class ReadReport:
         return self.to_dict()["reader_maps"]
 
     @property
-    def differences(self) -> List[str]:
-        return [d["text"] for d in self.to_dict()["differences"]]
-
-    @property
     def reader_layout(self) -> Optional[Layout]:
         return self._r.reader_layout
 
     @property
     def reader_layout_json(self) -> Optional[str]:
         return self._r.reader_layout_json
-
-    def __str__(self) -> str:
-        return self.text()
 
     def __repr__(self) -> str:
         return "<nvfp4kv.conformance.ReadReport (%s) %s>" % (self.mode, "PASS" if self.ok else "FAIL")
