@@ -11,7 +11,9 @@ its store, gather and decode-attention kernels ask that one layout for every byt
     cache.store(k, v, slot_mapping, layer)          # (tokens, heads, D) bf16 rows
     cache.decode(q, block_table, seq_lens, layer, out)
 
-Tensors cross through DLPack (PyTorch, CuPy, JAX, NumPy) without a copy.
+``nvfp4kv.conformance`` checks an engine's own writer and reader against the
+layout it claims (docs/conformance.md). Tensors cross through DLPack (PyTorch,
+CuPy, JAX, NumPy) without a copy.
 ``has_cuda`` says whether this build has the CUDA kernels; without them
 layouts, planning and the CPU reference (host caches) all work.
 """
@@ -48,7 +50,7 @@ __all__ = [
     "ArgumentError", "BufferInfo", "Cache", "CheckReport", "CompareReport", "CudaError", "Dims", "Error",
     "Layout", "LayoutError", "LayoutRejected", "LayoutSpec", "Misplacement", "Plan", "UnsupportedError",
     "ValidLayout", "build_info", "check", "check_report", "compare", "cuda_available", "from_json",
-    "has_cuda", "load", "load_spec", "plan", "presets", "reference", "show",
+    "conformance", "has_cuda", "load", "load_spec", "plan", "presets", "reference", "show",
 ]
 
 
@@ -98,12 +100,17 @@ def _instantiate(spec: LayoutSpec, layers, pages, tokens_per_page, heads, head_d
         return spec.instantiate(layers=layers, pages=pages, tokens_per_page=tokens_per_page, heads=heads,
                                 head_dim=head_dim)
     except LayoutError as e:  # core names the CLI's flags; say the keyword arguments here
-        message = str(e)
-        for flag in ("layers", "pages", "tokens-per-page", "heads", "head-dim"):
-            message = message.replace("--" + flag, flag.replace("-", "_") + "=")
+        message = _keyword_message(str(e))
         if message == str(e):
             raise
         raise LayoutError(message) from None
+
+
+def _keyword_message(message: str) -> str:
+    """A library message with the CLI's size and kit flags said as keyword arguments."""
+    for flag in ("layers", "pages", "tokens-per-page", "heads", "head-dim", "tokens", "q-heads"):
+        message = message.replace("--" + flag, flag.replace("-", "_") + "=")
+    return message
 
 
 def check_report(layout: Layout) -> CheckReport:
@@ -328,3 +335,7 @@ class Cache:
 
     def __repr__(self) -> str:
         return "<nvfp4kv.Cache '%s' on %s>" % (self.layout.name, self.device)
+
+
+# After everything above: nvfp4kv.conformance uses check() and load().
+from . import conformance  # noqa: E402

@@ -7,10 +7,11 @@
 
 namespace nvfp4kv::python {
 
-void bind_errors(nanobind::module_& m);     // module.cpp
-void bind_layouts(nanobind::module_& m);    // layouts.cpp
-void bind_reference(nanobind::module_& m);  // reference.cpp
-void bind_cache(nanobind::module_& m);      // cache.cpp
+void bind_errors(nanobind::module_& m);       // module.cpp
+void bind_layouts(nanobind::module_& m);      // layouts.cpp
+void bind_reference(nanobind::module_& m);    // reference.cpp
+void bind_cache(nanobind::module_& m);        // cache.cpp
+void bind_conformance(nanobind::module_& m);  // conformance.cpp
 
 // Launcher failures (api/result.hpp) as Python exceptions.
 struct UnsupportedError : Error {

@@ -31,6 +31,7 @@ NB_MODULE(_core, m) {
   bind_layouts(m);
   bind_reference(m);
   bind_cache(m);
+  bind_conformance(m);
 #if NVFP4KV_HAVE_CUDA
   m.attr("has_cuda") = true;
   m.attr("build_info") = "nvfp4kv " NVFP4KV_VERSION ": CUDA kernels for " NVFP4KV_CUDA_ARCHS
