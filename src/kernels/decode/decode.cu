@@ -4,24 +4,27 @@
 // group against one range of the sequence's block table. Pages stream into
 // shared-memory stages by per-thread 16-byte cp.async (whole (page, head) planes
 // when the layout's planes are dense and aligned, else row by row into a
-// canonical plane), several stages ahead. Each of the 4 warps takes 16 tokens
-// of a stage at a time:
-//  - S^T = Q K^T on FP16 tensor cores (m16n8k16): M = the group's query heads,
-//    N = 8 tokens, K = 16 columns of D. A lane's K operand is 4 E2M1 values of
-//    one token; they become FP16 by bit placement (place_e2m1: e2m1 * 2^-14,
-//    exact) times the token's block scale in FP16 (exact: <= 6 significant
-//    bits, >= 2^-24), so each K element is dequantized once per block, in 2 logic
-//    ops and half a multiply, and serves every query head of the group.
-//  - online softmax in base 2 on the FP32 accumulators (the FP32 global scales
-//    and the query's power-of-two prescale fold into one multiplier per row).
-//  - O^T += V^T P^T: V is dequantized the same way into a per-warp scratch tile
-//    and read back transposed by ldmatrix (V's reduction runs over tokens, its
-//    bytes pair columns); P^T is the S^T accumulators' own layout, and O^T's
-//    tiles (rows: D, columns: heads) waste no rows on groups of 8 or fewer.
+// canonical plane), several stages ahead. Each of the 4 warps takes 16 tokens of
+// a stage at a time (a tile) and keeps everything of it in registers:
+//  - S = K Q^T on FP16 tensor cores (m16n8k16): M = the tile's 16 tokens, N = 8
+//    query heads, K = 16 columns of D. A lane's K operand is 4 E2M1 values of one
+//    token; they become FP16 by bit placement (place_e2m1: e2m1 * 2^-14, exact)
+//    times the token's block scale in FP16 (exact: <= 6 significant bits,
+//    >= 2^-24), so each K element is dequantized once per block and serves every
+//    query head of the group.
+//  - online softmax in base 2 on the FP32 accumulators: a lane holds two heads'
+//    logits for two tokens; the FP32 global scales and the query's power-of-two
+//    prescale fold into one multiplier per head.
+//  - P^T by transposing the FP16 probabilities in registers (movmatrix), then
+//    O^T += V^T P^T: M = 16 rows of D, K = the 16 tokens, N = 8 heads. A V operand
+//    register pairs one element of two tokens: lane g owns D / 8 consecutive
+//    elements of every token (one block scale per token up to D = 128), and the
+//    two tokens' bytes are interleaved by byte permutes before the placement.
 // The warps' partial (max, sum, O) are combined in shared memory; with one split
 // that is the output, else a partial in the workspace that the merge kernel
-// combines per (sequence, query head). The reduction order over D inside one
-// MMA is a fixed permutation of D, applied to Q and K alike.
+// combines per (sequence, query head). Inside one MMA the reduction over D runs
+// in a fixed permutation of D, the same for Q and K; O^T's rows are a fixed
+// permutation of D, undone when O is written.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -38,13 +41,13 @@ namespace decode {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kSlab = 16;           // tokens a warp takes at a time
+constexpr int kTile = 16;           // tokens a warp takes at a time
 constexpr int kMaxStageTokens = 256;
 constexpr int64_t kMaxSplitEntries = 4096;  // block-table entries one block reads (page ids kept in shared memory)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Byte offset, inside a token's data row, of data word w (8 elements) of lane
+// Byte offset, inside a token's data row, of K data word w (8 elements) of lane
 // column c: lanes 0-3 of a row split the row's 16-byte chunks between them.
 template <int kD>
 __device__ __forceinline__ int word_offset(int c, int w) {
@@ -52,26 +55,21 @@ __device__ __forceinline__ int word_offset(int c, int w) {
   else return 16 * c + 64 * (w / 4) + 4 * (w % 4);
 }
 
-// Element k of a data word at byte offset b is column 2b + k of the row; the
-// placed pairs are (k, k + 4) (place_e2m1). Mapping of a V scratch column p of an
-// 8-column unit back to its element: (0, 4, 1, 5, 2, 6, 3, 7).
-__device__ __forceinline__ int unit_element(int p) { return (p >> 1) + 4 * (p & 1); }
-
 // The per-block shared memory: stages (reused for the final combine), per-token
-// address tables, the query, the warps' V scratch tiles and the barriers.
+// address tables, the query and its MMA fragments, and the barriers.
 struct Smem {
   uint8_t* stage;
-  uint32_t *kdata_row, *kscale_row, *vdata_row, *vscale_row;  // (stage tokens) byte offsets inside a stage
-  uint8_t* slot_of;                                           // (stage tokens) page slot of a stage token
-  uint32_t *kscale_col, *vscale_col;                          // (D / 16) offsets of a group in a scale row
-  int32_t* pages;                                             // (entries per split) the block's page ids, -1: bad
-  __half* q;                                                  // (16, D) the query rows, prescaled
-  float* row_scale;                                           // (16) logit multiplier per query row
-  __half* scratch;                                            // (warps, 16, D) dequantized V
-  unsigned long long* page_ok;                                // (stages) bit p: page slot p was loaded
-  const uint8_t** plane_base;                                 // (regions) byte of (page 0, token 0, column 0)
-                                                              // of this block's layer and kv head
-  int* flags;                                                 // [0]: a bad page was met
+  uint2 *krow, *vrow;                 // (stage tokens) byte offsets of a token's data row and scale row in a stage
+  uint8_t* slot_of;                   // (stage tokens) page slot of a stage token
+  uint32_t *kscale_col, *vscale_col;  // (D / 16) offsets of a group in a scale row
+  int32_t* pages;                     // (entries per split) the block's page ids, -1: bad
+  __half* q;                          // (16, D) the query rows, prescaled
+  float* row_scale;                   // (16) logit multiplier per query row
+  uint2* qfrag;                       // (D / 16, 2, 32) the query's B fragments per k-step, n-tile and lane
+  unsigned long long* page_ok;        // (stages) bit p: page slot p was loaded
+  const uint8_t** plane_base;         // (regions) byte of (page 0, token 0, column 0)
+                                      // of this block's layer and kv head
+  int* flags;                         // [0]: a bad page was met
 };
 
 struct Carve {
@@ -88,23 +86,21 @@ struct Carve {
 template <int kD>
 __host__ __device__ size_t carve(char* base, const DecodeGeometry& g, int64_t n, Smem* s) {
   const int stage_tokens = g.pages_per_stage * int(n);
-  const int tokens = (stage_tokens + kSlab - 1) / kSlab * kSlab;
+  const int tokens = (stage_tokens + kTile - 1) / kTile * kTile;
   const size_t stage_area = std::max<size_t>(size_t(g.stages) * g.pages_per_stage * g.slot_bytes,
                                              size_t(kWarps) * 16 * kD * sizeof(float) + 2 * kWarps * 16 * sizeof(float));
   Carve c;
   Smem m;
   m.stage = c.take<uint8_t>(base, stage_area, 128);
-  m.kdata_row = c.take<uint32_t>(base, tokens);
-  m.kscale_row = c.take<uint32_t>(base, tokens);
-  m.vdata_row = c.take<uint32_t>(base, tokens);
-  m.vscale_row = c.take<uint32_t>(base, tokens);
+  m.krow = c.take<uint2>(base, tokens);
+  m.vrow = c.take<uint2>(base, tokens);
   m.slot_of = c.take<uint8_t>(base, tokens);
   m.kscale_col = c.take<uint32_t>(base, kD / 16);
   m.vscale_col = c.take<uint32_t>(base, kD / 16);
   m.pages = c.take<int32_t>(base, size_t(g.entries_per_split));
   m.q = c.take<__half>(base, 16 * kD);
   m.row_scale = c.take<float>(base, 16);
-  m.scratch = c.take<__half>(base, size_t(kWarps) * kSlab * kD, 128);
+  m.qfrag = c.take<uint2>(base, size_t(kD / 16) * 2 * 32);
   m.page_ok = c.take<unsigned long long>(base, g.stages, 8);
   m.plane_base = c.take<const uint8_t*>(base, kRegionCount, 8);
   m.flags = c.take<int>(base, 4);
@@ -125,6 +121,13 @@ struct Span {
   bool bad_length;
 };
 
+// Which tokens of a stage count: [lo, hi) in stage order, on loaded pages.
+struct StageMask {
+  int lo, hi;
+  unsigned long long ok;  // bit p: page slot p was loaded
+  bool all_ok;            // every page slot was
+};
+
 template <int kD, int kGroupRows, ElementType kType>
 struct DecodeBlock {
   const DecodeParams& p;
@@ -133,51 +136,47 @@ struct DecodeBlock {
   const Span& span;
   int64_t n;           // tokens per page
   int stage_tokens;    // pages_per_stage * n
-  int slabs;           // per stage
+  int tiles;           // per stage
 
+  static constexpr int kNT = kGroupRows / 8;      // n-tiles of 8 query heads
   static constexpr int kKSteps = kD / 16;
-  static constexpr int kWords = kD / 32;  // data words per lane per token row
-  static constexpr int kRows = kGroupRows == 16 ? 2 : 1;  // row halves a lane holds (g, g + 8)
+  static constexpr int kWords = kD / 32;          // K data words per lane per token
+  static constexpr int kKGroups = kWords / 2;     // K block scales per lane per token (two words each)
+  static constexpr int kE = kD / 8;               // V elements per lane per token
+  static constexpr int kVWords = kE / 8;          // V data words per lane per token
+  static constexpr int kVGroups = kE >= 16 ? kE / 16 : 1;
+  static constexpr int kMTiles = kD / 16;         // O^T tiles of 16 rows of D
+  static constexpr bool kQInRegisters = kD * kNT <= 128;
 
   __device__ int64_t stage_entry(int64_t j) const { return span.first + j * p.geometry.pages_per_stage; }
 
   // ---- loading ---------------------------------------------------------------
-  // Bulk mode: thread 0 copies each loaded page's four planes, completing on the
-  // stage's barrier. Row mode: every thread copies rows into the canonical planes.
-  __device__ void issue(int64_t j) {
+  // Dense planes: each loaded page's four planes, copied as they lie in the cache
+  // by all threads, 16 bytes each. Row mode: rows into the canonical planes.
+  __device__ void issue(int64_t j) const {
     const DecodeGeometry& g = p.geometry;
-    const CacheDims& d = p.layout.dims();
     const int slot = int(j % g.stages);
     uint8_t* const dst = s.stage + size_t(slot) * g.pages_per_stage * g.slot_bytes;
-    if (g.dense) {
-      // Whole planes, 16 bytes per thread and copy: a loaded page's slot is its four
-      // planes back to back, each copied as it lies in the cache.
-      constexpr int kChunk = 16;
-      const int slot_chunks = g.slot_bytes / kChunk;
-      unsigned long long ok = 0;
-      for (int q = 0; q < g.pages_per_stage; ++q) {
-        const int64_t e = stage_entry(j) + q;
-        if (e >= span.last || s.pages[e - span.first] < 0) continue;
-        ok |= 1ull << q;
-        const int64_t page = s.pages[e - span.first];
-        for (int w = th.tid; w < slot_chunks; w += kThreads) {
-          int ri = 0;
-          while (ri + 1 < kRegionCount && w * kChunk >= g.plane_offset[ri + 1]) ++ri;
-          const uint8_t* src = s.plane_base[ri] + page * p.layout.region(Region(ri)).page + (w * kChunk - g.plane_offset[ri]);
-          copy_async<16>(dst + size_t(q) * g.slot_bytes + w * kChunk, src);
-        }
-      }
-      if (th.tid == 0) s.page_ok[slot] = ok;
-      return;
-    }
-    // Row mode.
     unsigned long long ok = 0;
     for (int q = 0; q < g.pages_per_stage; ++q) {
       const int64_t e = stage_entry(j) + q;
-      if (e >= span.last || s.pages[e - span.first] < 0) continue;
+      if (e >= span.last) break;
+      const int64_t page = s.pages[e - span.first];
+      if (page < 0) continue;
       ok |= 1ull << q;
-      for (int ri = 0; ri < kRegionCount; ++ri)
-        copy_rows(Region(ri), s.pages[e - span.first], dst + size_t(q) * g.slot_bytes + g.plane_offset[ri]);
+      uint8_t* const to = dst + size_t(q) * g.slot_bytes;
+#pragma unroll
+      for (int ri = 0; ri < kRegionCount; ++ri) {
+        const Region r = Region(ri);
+        if (g.dense) {
+          const uint8_t* src = s.plane_base[ri] + page * p.layout.region(r).page;
+          uint8_t* plane = to + g.plane_offset[ri];
+          const int chunks = plane_bytes(r) / 16;
+          for (int w = th.tid; w < chunks; w += kThreads) copy_async_stream(plane + 16 * w, src + 16 * w);
+        } else {
+          copy_rows(r, page, to + g.plane_offset[ri]);
+        }
+      }
     }
     if (th.tid == 0) s.page_ok[slot] = ok;
   }
@@ -229,7 +228,7 @@ struct DecodeBlock {
   // ---- tables ----------------------------------------------------------------
   __device__ void build_tables() const {
     const DecodeGeometry& g = p.geometry;
-    const int padded = (stage_tokens + kSlab - 1) / kSlab * kSlab;
+    const int padded = (stage_tokens + kTile - 1) / kTile * kTile;
     const TileMap kd = p.layout.tile(Region::kKData, 0, 0, 0), ks = p.layout.tile(Region::kKScale, 0, 0, 0);
     const TileMap vd = p.layout.tile(Region::kVData, 0, 0, 0), vs = p.layout.tile(Region::kVScale, 0, 0, 0);
     for (int i = th.tid; i < padded; i += kThreads) {
@@ -240,10 +239,8 @@ struct DecodeBlock {
         const int64_t at = g.dense ? tile.token(t) : t * (is_scale(r) ? kD / 16 : kD / 2);
         return base + uint32_t(g.plane_offset[int(r)] + at);
       };
-      s.kdata_row[i] = row(Region::kKData, kd);
-      s.kscale_row[i] = row(Region::kKScale, ks);
-      s.vdata_row[i] = row(Region::kVData, vd);
-      s.vscale_row[i] = row(Region::kVScale, vs);
+      s.krow[i] = make_uint2(row(Region::kKData, kd), row(Region::kKScale, ks));
+      s.vrow[i] = make_uint2(row(Region::kVData, vd), row(Region::kVScale, vs));
       s.slot_of[i] = uint8_t(slot);
     }
     for (int c = th.tid; c < kD / 16; c += kThreads) {
@@ -285,134 +282,210 @@ struct DecodeBlock {
     }
   }
 
-  // ---- one slab of 16 tokens -------------------------------------------------
-  // O^T (rows: D, columns: query heads), as m16n8 tiles: D / 16 tiles per 8 heads.
-  struct State {
-    float o[kRows][kD / 16][4];
-    float m[kRows], l[kRows];  // running max and sum of the lane's query rows g, g + 8
-  };
-
-  __device__ bool token_valid(int i, int64_t first_token, unsigned long long ok) const {
-    const int64_t tau = first_token + i;
-    return i < stage_tokens && tau >= span.window_start && tau < span.length &&
-           ((ok >> s.slot_of[i]) & 1ull) != 0;
+  // The query as the B operand of S = K Q^T (K: 16 columns of D, N: 8 heads), in
+  // the column order the K operand's placement gives (word_offset, place_e2m1):
+  // k-step ks of lane column c covers columns col, col + 4 (rows 2c, 2c + 1) and
+  // col + 1, col + 5 (rows 2c + 8, 2c + 9), col = 2 word_offset(c, ks / 2) + 2 (ks % 2).
+  __device__ void store_query_fragments() const {
+    const int g = th.lane >> 2, c = th.lane & 3;
+    for (int i = th.warp; i < kKSteps * kNT; i += kWarps) {
+      const int ks = i / kNT, nt = i % kNT;
+      const int col = 2 * word_offset<kD>(c, ks / 2) + 2 * (ks % 2);
+      const __half* row = s.q + (8 * nt + g) * kD + col;
+      const __half2 b0 = __halves2half2(row[0], row[4]), b1 = __halves2half2(row[1], row[5]);
+      s.qfrag[i * 32 + th.lane] = make_uint2(*reinterpret_cast<const uint32_t*>(&b0), *reinterpret_cast<const uint32_t*>(&b1));
+    }
   }
 
-  __device__ void slab(const uint32_t (&aq)[kD / 16][4], const uint8_t* st, int first, int64_t first_token,
-                       unsigned long long ok, State& state, float softcap) const {
-    const int g = th.lane >> 2, c = th.lane & 3;
-    // S^T (rows: query heads, columns: tokens), two tiles of 8 tokens.
-    float sacc[2][4];
+  // ---- per lane, for the whole block ----------------------------------------
+  struct QFrags {
+    uint2 r[kQInRegisters ? kKSteps : 1][kNT];
+  };
+  __device__ uint2 query_fragment(const QFrags& q, int ks, int nt) const {
+    if constexpr (kQInRegisters) return q.r[ks][nt];
+    else return s.qfrag[(ks * kNT + nt) * 32 + th.lane];
+  }
+
+  struct Lane {
+    int g, c;
+    uint32_t kscol[kKGroups];  // K: scale-row offsets of the lane's groups (word 2q and 2q + 1: group q)
+    uint32_t vscol[kVGroups];  // V: of the lane's groups (elements 16q .. 16q + 15 of its D / 8)
+    float rs[kNT][2];          // logit multipliers of heads 8 nt + 2c and 8 nt + 2c + 1
+  };
+  __device__ Lane lane_constants(QFrags& q) const {
+    Lane l;
+    l.g = th.lane >> 2, l.c = th.lane & 3;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
-      const int i = first + 8 * j + g;
-      const uint8_t* row = st + s.kdata_row[i];
-      const uint8_t* srow = st + s.kscale_row[i];
-      uint32_t words[kWords];
+    for (int k = 0; k < kKGroups; ++k) l.kscol[k] = s.kscale_col[word_offset<kD>(l.c, 2 * k) / 8];
+#pragma unroll
+    for (int k = 0; k < kVGroups; ++k) l.vscol[k] = s.vscale_col[l.g * kE / 16 + k];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) l.rs[nt][0] = s.row_scale[8 * nt + 2 * l.c], l.rs[nt][1] = s.row_scale[8 * nt + 2 * l.c + 1];
+    if constexpr (kQInRegisters) {
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) q.r[ks][nt] = s.qfrag[(ks * kNT + nt) * 32 + th.lane];
+    }
+    return l;
+  }
+
+  // ---- one tile of 16 tokens -------------------------------------------------
+  // O^T (rows: D in the lane-owned order, columns: query heads) as m16n8 tiles.
+  struct State {
+    float o[kNT][kMTiles][4];
+    float m[kNT][2], l[kNT][2];  // running max and the lane's partial sum of heads 8 nt + 2c + h
+  };
+
+  __device__ bool token_valid(int i, const StageMask& mk) const {
+    return i >= mk.lo && i < mk.hi && ((mk.ok >> s.slot_of[i]) & 1ull) != 0;
+  }
+
+  template <int kBytes>
+  __device__ static void load_words(const uint8_t* at, uint32_t* w) {
+    if constexpr (kBytes == 4) {
+      w[0] = *reinterpret_cast<const uint32_t*>(at);
+    } else if constexpr (kBytes == 8) {
+      const uint2 v = *reinterpret_cast<const uint2*>(at);
+      w[0] = v.x, w[1] = v.y;
+    } else {
+      const uint4 v = *reinterpret_cast<const uint4*>(at);
+      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    }
+  }
+
+  __device__ void tile(const Lane& ln, const QFrags& qf, const uint8_t* st, int first, const StageMask& mk,
+                       State& state, float softcap) const {
+    const int g = ln.g, c = ln.c;
+    const bool full = mk.all_ok && first >= mk.lo && first + kTile <= mk.hi;
+
+    // S = K Q^T: this lane's K rows are tokens g and g + 8 of the tile.
+    float sacc[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) sacc[nt][0] = sacc[nt][1] = sacc[nt][2] = sacc[nt][3] = 0.0f;
+    {
+      const uint2 r0 = s.krow[first + g], r1 = s.krow[first + g + 8];
+      uint32_t w0[kWords], w1[kWords];
       if constexpr (kD == 64) {
-        const uint2 v = *reinterpret_cast<const uint2*>(row + word_offset<kD>(c, 0));
-        words[0] = v.x, words[1] = v.y;
+        load_words<8>(st + r0.x + word_offset<kD>(c, 0), w0);
+        load_words<8>(st + r1.x + word_offset<kD>(c, 0), w1);
       } else {
 #pragma unroll
         for (int k = 0; k < kWords / 4; ++k) {
-          const uint4 v = *reinterpret_cast<const uint4*>(row + word_offset<kD>(c, 4 * k));
-          words[4 * k] = v.x, words[4 * k + 1] = v.y, words[4 * k + 2] = v.z, words[4 * k + 3] = v.w;
+          load_words<16>(st + r0.x + word_offset<kD>(c, 4 * k), w0 + 4 * k);
+          load_words<16>(st + r1.x + word_offset<kD>(c, 4 * k), w1 + 4 * k);
         }
+      }
+      uint32_t sc0[kKGroups], sc1[kKGroups];
+#pragma unroll
+      for (int k = 0; k < kKGroups; ++k) {
+        sc0[k] = scale_pair(st[r0.y + ln.kscol[k]]);
+        sc1[k] = scale_pair(st[r1.y + ln.kscol[k]]);
       }
 #pragma unroll
       for (int w = 0; w < kWords; ++w) {
-        const uint32_t word = words[w];
-        const uint32_t sc = scale_pair(srow[s.kscale_col[word_offset<kD>(c, w) / 8]]);
-        uint32_t r[4];
-        place_e2m1(word, r);
+        uint32_t a[4], b[4];
+        place_e2m1(w0[w], a);
+        place_e2m1(w1[w], b);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) r[k] = hmul2(r[k], sc);
-        mma_16816(sacc[j], aq[2 * w][0], aq[2 * w][1], aq[2 * w][2], aq[2 * w][3], r[0], r[1]);
-        mma_16816(sacc[j], aq[2 * w + 1][0], aq[2 * w + 1][1], aq[2 * w + 1][2], aq[2 * w + 1][3], r[2], r[3]);
+        for (int k = 0; k < 4; ++k) a[k] = hmul2(a[k], sc0[w / 2]), b[k] = hmul2(b[k], sc1[w / 2]);
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            const uint2 q = query_fragment(qf, 2 * w + u, nt);
+            mma_16816(sacc[nt], a[2 * u], b[2 * u], a[2 * u + 1], b[2 * u + 1], q.x, q.y);
+          }
       }
     }
-    // Logits in base 2, masked, and the online softmax of each row.
-    float x[kRows][4];
-    bool valid[4];
+
+    // Logits in base 2, masked; the online softmax of each head; P^T by transposes.
+    const bool v0 = full || token_valid(first + g, mk), v1 = full || token_valid(first + g + 8, mk);
+    uint32_t pt[kNT][2];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) valid[k] = token_valid(first + 8 * (k / 2) + 2 * c + (k & 1), first_token, ok);
-#pragma unroll
-    for (int h = 0; h < kRows; ++h) {
-      const float scale = s.row_scale[g + 8 * h];
-      float mx = kNegInf;
+    for (int nt = 0; nt < kNT; ++nt) {
+      float x[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        float y = sacc[k / 2][2 * h + (k & 1)] * scale;
+        float y = sacc[nt][k] * ln.rs[nt][k & 1];
         if (softcap > 0) y = softcap * kLog2e * tanhf(y / (softcap * kLog2e));
-        x[h][k] = valid[k] ? y : kNegInf;
-        mx = fmaxf(mx, x[h][k]);
+        x[k] = (k < 2 ? v0 : v1) ? y : kNegInf;
       }
-      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
-      const float m_new = fmaxf(state.m[h], mx);
-      const float m_use = m_new == kNegInf ? 0.0f : m_new;
-      const float alpha = exp2f(state.m[h] - m_use);
-      float sum = 0;
+      float alpha[2];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) sum += (x[h][k] = exp2f(x[h][k] - m_use));
-      state.l[h] = state.l[h] * alpha + sum;
-      state.m[h] = m_new;
-      // O^T's columns are heads 2c, 2c + 1 of this half: their rows' factors.
-      if (__any_sync(0xFFFFFFFFu, alpha != 1.0f)) {
-        const float a0 = __shfl_sync(0xFFFFFFFFu, alpha, 8 * c), a1 = __shfl_sync(0xFFFFFFFFu, alpha, 8 * c + 4);
+      for (int h = 0; h < 2; ++h) {
+        float mx = fmaxf(x[h], x[h + 2]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 16));
+        const float m_new = fmaxf(state.m[nt][h], mx);
+        const float m_use = m_new == kNegInf ? 0.0f : m_new;
+        alpha[h] = fast_exp2(state.m[nt][h] - m_use);
+        x[h] = fast_exp2(x[h] - m_use);
+        x[h + 2] = fast_exp2(x[h + 2] - m_use);
+        state.l[nt][h] = state.l[nt][h] * alpha[h] + (x[h] + x[h + 2]);
+        state.m[nt][h] = m_new;
+      }
+      if (__any_sync(0xFFFFFFFFu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-        for (int mt = 0; mt < kD / 16; ++mt) {
-          state.o[h][mt][0] *= a0, state.o[h][mt][1] *= a1, state.o[h][mt][2] *= a0, state.o[h][mt][3] *= a1;
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          state.o[nt][mt][0] *= alpha[0], state.o[nt][mt][1] *= alpha[1];
+          state.o[nt][mt][2] *= alpha[0], state.o[nt][mt][3] *= alpha[1];
         }
       }
+      pt[nt][0] = transpose_8x8(pack_half2(x[0], x[1]));  // tokens 2c, 2c + 1 of head g
+      pt[nt][1] = transpose_8x8(pack_half2(x[2], x[3]));  // tokens 2c + 8, 2c + 9
     }
-    const uint32_t ap0 = pack_half2(x[0][0], x[0][1]), ap2 = pack_half2(x[0][2], x[0][3]);
-    const uint32_t ap1 = kRows == 2 ? pack_half2(x[kRows - 1][0], x[kRows - 1][1]) : 0u;
-    const uint32_t ap3 = kRows == 2 ? pack_half2(x[kRows - 1][2], x[kRows - 1][3]) : 0u;
 
-    // V: dequantize the slab into this warp's scratch (row = token, 16-byte
-    // units XOR-swizzled by the row), then O += P V with V read transposed.
-    __half* scratch = s.scratch + size_t(th.warp) * kSlab * kD;
-    constexpr int kChunks = kD / 32;  // 16-byte chunks of a V data row
+    // O^T += V^T P^T: this lane's V columns are tokens 2c, 2c + 1, 2c + 8, 2c + 9,
+    // its rows elements g * D / 8 + 2 mt (row g of tile mt) and + 1 (row g + 8).
+    {
+      const int t0 = first + 2 * c;
+      const uint2 r[4] = {s.vrow[t0], s.vrow[t0 + 1], s.vrow[t0 + 8], s.vrow[t0 + 9]};
+      uint32_t dw[4][kVWords];
 #pragma unroll
-    for (int k = 0; k < kSlab * kChunks / 32; ++k) {
-      const int u = th.lane + 32 * k, t = u / kChunks, q = u % kChunks;
-      const int i = first + t;
-      const bool live = token_valid(i, first_token, ok);
-      const uint4 words = *reinterpret_cast<const uint4*>(st + s.vdata_row[i] + 16 * q);
-      const uint8_t* srow = st + s.vscale_row[i];
-      const uint32_t s0 = live ? scale_pair(srow[s.vscale_col[2 * q]]) : 0u;
-      const uint32_t s1 = live ? scale_pair(srow[s.vscale_col[2 * q + 1]]) : 0u;
-      const uint32_t w4[4] = {words.x, words.y, words.z, words.w};
+      for (int k = 0; k < 4; ++k) load_words<kE / 2>(st + r[k].x + g * (kE / 2), dw[k]);
+      bool live[4] = {true, true, true, true};
+      if (!full) {
+        live[0] = token_valid(t0, mk), live[1] = token_valid(t0 + 1, mk);
+        live[2] = token_valid(t0 + 8, mk), live[3] = token_valid(t0 + 9, mk);
+      }
+      uint32_t sp[2][kVGroups];  // block scales of (2c, 2c + 1) and (2c + 8, 2c + 9); 0 for tokens that do not count
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        uint32_t r[4];
-        place_e2m1(w4[w], r);
-        const uint32_t sc = w < 2 ? s0 : s1;
-        const int unit = (4 * q + w) ^ (t & 7);
-        *reinterpret_cast<uint4*>(scratch + t * kD + 8 * unit) =
-            make_uint4(hmul2(r[0], sc), hmul2(r[1], sc), hmul2(r[2], sc), hmul2(r[3], sc));
+      for (int q = 0; q < kVGroups; ++q) {
+        uint32_t b[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) b[k] = live[k] ? uint32_t(st[r[k].y + ln.vscol[q]]) : 0u;
+        sp[0][q] = scale_pair2(b[0], b[1]);
+        sp[1][q] = scale_pair2(b[2], b[3]);
+      }
+#pragma unroll
+      for (int j = 0; j < kVWords; ++j) {  // elements 8j .. 8j + 7 of the lane's
+        uint32_t A[2][4], B[2][4];  // element 8j + 4h + k of (2c, 2c + 1) and of (2c + 8, 2c + 9)
+        place_e2m1(__byte_perm(dw[0][j], dw[1][j], 0x5410), A[0]);
+        place_e2m1(__byte_perm(dw[0][j], dw[1][j], 0x7632), A[1]);
+        place_e2m1(__byte_perm(dw[2][j], dw[3][j], 0x5410), B[0]);
+        place_e2m1(__byte_perm(dw[2][j], dw[3][j], 0x7632), B[1]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) A[h][k] = hmul2(A[h][k], sp[0][j / 2]), B[h][k] = hmul2(B[h][k], sp[1][j / 2]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)  // tile 4j + i: elements 8j + 2i (row g) and 8j + 2i + 1 (row g + 8)
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+            mma_16816(state.o[nt][4 * j + i], A[i / 2][2 * (i % 2)], A[i / 2][2 * (i % 2) + 1], B[i / 2][2 * (i % 2)],
+                      B[i / 2][2 * (i % 2) + 1], pt[nt][0], pt[nt][1]);
       }
     }
-    __syncwarp();
-    // O^T += V^T P^T: V^T's 16 x 16 tile (rows: D, columns: tokens) comes from the
-    // scratch transposed; P^T is the S^T accumulators' layout as it stands.
-#pragma unroll
-    for (int mt = 0; mt < kD / 16; ++mt) {
-      const int mi = th.lane >> 3, t = 8 * (mi >> 1) + (th.lane & 7), unit = 2 * mt + (mi & 1);
-      uint32_t v[4];
-      ldmatrix_x4_trans(v, scratch + t * kD + 8 * (unit ^ (t & 7)));
-      mma_16816(state.o[0][mt], v[0], v[1], v[2], v[3], ap0, ap2);
-      if constexpr (kRows == 2) mma_16816(state.o[kRows - 1][mt], v[0], v[1], v[2], v[3], ap1, ap3);
-    }
-    __syncwarp();  // the next slab overwrites the scratch
   }
 };
 
 template <int kD, int kGroupRows, ElementType kType>
 __device__ void decode_device(const DecodeParams& p, char* smem_raw, const DecodeThread& th) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Block = DecodeBlock<kD, kGroupRows, kType>;
+  constexpr int kNT = Block::kNT, kMTiles = Block::kMTiles, kE = Block::kE;
   const DecodeGeometry& g = p.geometry;
   const DecodeArgs& a = p.args;
   const CacheDims& d = p.layout.dims();
@@ -435,8 +508,8 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   if (counter && a.status && !scales_ok) atomicAdd(&a.status->bad_global_scale, (unsigned long long)span.length);
   if (!scales_ok || len.bad) span.last = span.first;  // read nothing; the outputs become NaN below
 
-  DecodeBlock<kD, kGroupRows, kType> block{p, s, th, span, n, g.pages_per_stage * int(n), 0};
-  block.slabs = (block.stage_tokens + kSlab - 1) / kSlab;
+  Block block{p, s, th, span, n, g.pages_per_stage * int(n), 0};
+  block.tiles = (block.stage_tokens + kTile - 1) / kTile;
   const int64_t stages = span.last > span.first ? (span.last - span.first + g.pages_per_stage - 1) / g.pages_per_stage : 0;
 
   if (th.tid == 0) s.flags[0] = 0;
@@ -453,31 +526,20 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   block.load_query(kgs);
   block.load_pages();
   __syncthreads();
+  block.store_query_fragments();
+  __syncthreads();
 
-  // The query fragments (A operand of S^T = Q K^T), in the permuted column order
-  // the K fragments use (word_offset, place_e2m1).
-  const int gr = th.lane >> 2, c = th.lane & 3;
-  uint32_t aq[kD / 16][4];
+  typename Block::QFrags qf;
+  const typename Block::Lane ln = block.lane_constants(qf);
+  typename Block::State state;
 #pragma unroll
-  for (int st = 0; st < kD / 16; ++st) {
-    const int col = 2 * word_offset<kD>(c, st / 2) + 2 * (st % 2);
-    const auto pair = [&](int row, int k0) {
-      const __half lo = s.q[row * kD + col + k0], hi = s.q[row * kD + col + k0 + 4];
-      const __half2 h = __halves2half2(lo, hi);
-      return *reinterpret_cast<const uint32_t*>(&h);
-    };
-    aq[st][0] = pair(gr, 0);
-    aq[st][2] = pair(gr, 1);
-    aq[st][1] = kGroupRows == 16 ? pair(gr + 8, 0) : 0u;
-    aq[st][3] = kGroupRows == 16 ? pair(gr + 8, 1) : 0u;
-  }
-
-  typename DecodeBlock<kD, kGroupRows, kType>::State state;
-  for (int h = 0; h < block.kRows; ++h) {
+  for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-    for (int mt = 0; mt < kD / 16; ++mt) state.o[h][mt][0] = state.o[h][mt][1] = state.o[h][mt][2] = state.o[h][mt][3] = 0.0f;
-    state.m[h] = kNegInf, state.l[h] = 0.0f;
+    for (int mt = 0; mt < kMTiles; ++mt) state.o[nt][mt][0] = state.o[nt][mt][1] = state.o[nt][mt][2] = state.o[nt][mt][3] = 0.0f;
+    state.m[nt][0] = state.m[nt][1] = kNegInf;
+    state.l[nt][0] = state.l[nt][1] = 0.0f;
   }
+  const unsigned long long all_pages = g.pages_per_stage >= 64 ? ~0ull : (1ull << g.pages_per_stage) - 1;
 
   // The pipeline: stages j .. j + stages - 1 in flight while stage j is consumed;
   // one cp.async group per stage (empty past the last), so "all but the newest
@@ -495,10 +557,13 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
     }
     __syncthreads();
     const uint8_t* st = s.stage + size_t(slot) * g.pages_per_stage * g.slot_bytes;
-    const unsigned long long ok = s.page_ok[slot];
     const int64_t first_token = block.stage_entry(j) * n;
-    for (int sl = th.warp; sl < block.slabs; sl += kWarps)
-      block.slab(aq, st, sl * kSlab, first_token, ok, state, a.softcap);
+    StageMask mk;
+    mk.lo = int(min(max(span.window_start - first_token, int64_t(0)), int64_t(block.stage_tokens)));
+    mk.hi = int(min(max(span.length - first_token, int64_t(0)), int64_t(block.stage_tokens)));
+    mk.ok = s.page_ok[slot];
+    mk.all_ok = mk.ok == all_pages;
+    for (int t = th.warp; t < block.tiles; t += kWarps) block.tile(ln, qf, st, t * kTile, mk, state, a.softcap);
     __syncthreads();  // every warp is done with this slot
     if (j + g.stages < stages) block.issue(j + g.stages);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -510,20 +575,26 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   float* cl = cm + kWarps * 16;                          // (warps, 16)
   float* co = cl + kWarps * 16;                          // (warps, 16, D)
   __syncthreads();
+  const int gr = ln.g, c = ln.c;
 #pragma unroll
-  for (int h = 0; h < block.kRows; ++h) {
-    float l = state.l[h];
-    l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
-    l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
-    if (c == 0) cm[th.warp * 16 + gr + 8 * h] = state.m[h], cl[th.warp * 16 + gr + 8 * h] = l;
-    // Lane (g, c) holds O^T rows g and g + 8 of each D tile, for heads 2c and 2c + 1 of this half.
+  for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-    for (int mt = 0; mt < kD / 16; ++mt)
+    for (int h = 0; h < 2; ++h) {
+      float l = state.l[nt][h];
+      l += __shfl_xor_sync(0xFFFFFFFFu, l, 4);
+      l += __shfl_xor_sync(0xFFFFFFFFu, l, 8);
+      l += __shfl_xor_sync(0xFFFFFFFFu, l, 16);
+      const int row = 8 * nt + 2 * c + h;
+      if (gr == 0) cm[th.warp * 16 + row] = state.m[nt][h], cl[th.warp * 16 + row] = l;
+    }
+    // Lane (g, c) holds O^T rows g * D / 8 + 2 mt (+ 1) for heads 8 nt + 2c (+ 1).
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const int row = 8 * h + 2 * c + (k & 1);
-        const int col = 8 * (2 * mt + (k >> 1)) + unit_element(gr);
-        co[(th.warp * 16 + row) * kD + col] = state.o[h][mt][k];
+        const int row = 8 * nt + 2 * c + (k & 1);
+        const int col = gr * kE + 2 * mt + (k >> 1);
+        co[(th.warp * 16 + row) * kD + col] = state.o[nt][mt][k];
       }
   }
   __syncthreads();
@@ -573,8 +644,15 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
 #endif
 }
 
+// Blocks per SM the register budget aims at: the O^T accumulators grow with D
+// and the group (two n-tiles of heads at groups above 8).
+template <int kD, int kGroupRows>
+constexpr int min_blocks() {
+  return kGroupRows == 16 ? (kD <= 128 ? 3 : 2) : (kD <= 128 ? 4 : 3);
+}
+
 template <int kD, int kGroupRows, ElementType kType>
-__global__ void __launch_bounds__(kThreads, kD == 256 ? 2 : 3) decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, (min_blocks<kD, kGroupRows>())) decode_kernel(const __grid_constant__ DecodeParams p) {
   extern __shared__ __align__(128) char smem[];
   const DecodeThread th{int(threadIdx.x), int(threadIdx.x) / 32, int(threadIdx.x) % 32, int64_t(blockIdx.x),
                         int64_t(blockIdx.y), int64_t(blockIdx.z)};

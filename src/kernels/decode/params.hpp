@@ -19,7 +19,7 @@ struct DecodeGeometry {
   int64_t entries_per_split = 0;  // block-table entries each reads (a multiple of pages_per_stage)
   int pages_per_stage = 1;  // pages copied into one shared-memory stage
   int stages = 2;           // stages in flight
-  bool dense = false;       // pages copied as whole planes by the bulk-copy engine (else row by row)
+  bool dense = false;       // pages copied as whole planes, 16 bytes per thread and copy (else row by row)
   int plane_offset[kRegionCount] = {};  // bytes of each region's plane inside a page slot
   int slot_bytes = 0;       // one page's four planes
   int smem_bytes = 0;       // dynamic shared memory of one thread block
