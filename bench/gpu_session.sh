@@ -8,7 +8,7 @@
 # nlohmann headers travel in .carry/ (bench/README.md says how to make it).
 # Options (environment): NVFP4KV_BEFORE=DIR (an older source tree to benchmark
 # beside this one), NVFP4KV_DECODE=full|quick|0, NVFP4KV_NCU=1 (Nsight Compute on
-# one decode launch), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_SANITIZE=0, NVFP4KV_CPU_TESTS=0, NVFP4KV_BENCH=0
+# one decode launch; =source: per-instruction counts too), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_SANITIZE=0, NVFP4KV_CPU_TESTS=0, NVFP4KV_BENCH=0
 # (skip the store/gather benchmark).
 set -uo pipefail
 OUT=${OUT:-/tmp/nvfp4kv-out}
@@ -89,6 +89,18 @@ if [ "${NVFP4KV_DECODE:-full}" != 0 ]; then
     > "$OUT/decode_bench.log" 2>&1; rc=$?
   record "decode bench" "rc $rc"
   [ $rc = 0 ] || tail -20 "$OUT/decode_bench.log"
+fi
+if [ "${NVFP4KV_NCU:-0}" = source ]; then
+  # Per-instruction executed counts and stall samples of the decode kernel (the SASS
+  # page of Nsight Compute's source view), for where the cycles go inside a tile.
+  step "ncu source counters: decode, batch 16 x 32768, 32/8 heads, D 128"
+  timeout 240 ncu --clock-control none -k regex:decode_kernel -s 2 -c 1 --section SpeedOfLight --section Occupancy \
+    --section WarpStateStats --section SourceCounters --section InstructionStats -o "$OUT/decode_prof" \
+    build/gpu/nvfp4kv bench decode --batch 16 --context 32768 > "$OUT/ncu_decode.log" 2>&1
+  ncu -i "$OUT/decode_prof.ncu-rep" --page details > "$OUT/ncu_details.log" 2>&1
+  ncu -i "$OUT/decode_prof.ncu-rep" --page source --csv --print-source sass > "$TABLES/decode_sass.csv" 2>"$OUT/ncu_source.err"
+  grep -E "Duration|Issue Slots Busy|Executed Ipc A|Achieved Occupancy|Warp Cycles Per Issued|Stall|Executed Instructions " "$OUT/ncu_details.log" | head -40
+  wc -l "$TABLES/decode_sass.csv"; head -c 600 "$OUT/ncu_source.err"
 fi
 if [ "${NVFP4KV_NCU:-0}" = 1 ]; then
   step "ncu: decode, batch 16 x 32768, 32/8 heads, D 128"

@@ -137,6 +137,14 @@ struct DecodeBlock {
   int64_t n;           // tokens per page
   int stage_tokens;    // pages_per_stage * n
   int tiles;           // per stage
+  // Span mode: this block's (page 0, head) span and the bytes from one page's span
+  // to the next. The warps share a stage's pages: with at least as many pages as
+  // warps, warp w copies pages w, w + 4, ...; with fewer, each page is copied by
+  // 4 / pages warps, interleaved 32 chunks at a time. This thread's first page
+  // (-1: none) and chunk, and their steps.
+  const uint8_t* span_base;
+  int64_t span_stride;
+  int copy_page, copy_page_step, copy_chunk, copy_chunk_step;
 
   static constexpr int kNT = kGroupRows / 8;      // n-tiles of 8 query heads
   static constexpr int kKSteps = kD / 16;
@@ -148,22 +156,41 @@ struct DecodeBlock {
   static constexpr int kMTiles = kD / 16;         // O^T tiles of 16 rows of D
   static constexpr bool kQInRegisters = kD * kNT <= 128;
 
-  __device__ int64_t stage_entry(int64_t j) const { return span.first + j * p.geometry.pages_per_stage; }
-
   // ---- loading ---------------------------------------------------------------
-  // Dense planes: each loaded page's four planes, copied as they lie in the cache
-  // by all threads, 16 bytes each. Row mode: rows into the canonical planes.
-  __device__ void issue(int64_t j) const {
+  // Stage j (its entries j * pages_per_stage .. of the span) into stage slot
+  // `slot`. Warp 0 records which page slots get a page; every thread copies its
+  // share, 16 bytes per copy: in span mode each loaded page's span in one piece,
+  // else its four planes (dense), or its rows into the canonical planes.
+  __device__ void issue(int j, int slot) const {
     const DecodeGeometry& g = p.geometry;
-    const int slot = int(j % g.stages);
     uint8_t* const dst = s.stage + size_t(slot) * g.pages_per_stage * g.slot_bytes;
-    unsigned long long ok = 0;
+    const int e0 = j * g.pages_per_stage, entries = int(span.last - span.first);
+    if (th.warp == 0) {
+      unsigned long long ok = 0;
+      for (int q0 = 0; q0 < g.pages_per_stage; q0 += 32) {
+        const int q = q0 + th.lane;
+        const bool loaded = q < g.pages_per_stage && e0 + q < entries && s.pages[e0 + q] >= 0;
+        ok |= (unsigned long long)__ballot_sync(0xFFFFFFFFu, loaded) << q0;
+      }
+      if (th.lane == 0) s.page_ok[slot] = ok;
+    }
+    if (g.span) {
+      if (copy_page < 0) return;
+      const int slot_chunks = g.slot_bytes / 16;
+      for (int q = copy_page; q < g.pages_per_stage && e0 + q < entries; q += copy_page_step) {
+        const int64_t page = s.pages[e0 + q];
+        if (page < 0) continue;
+        const uint4* from = reinterpret_cast<const uint4*>(span_base + page * span_stride) + copy_chunk;
+        uint4* to = reinterpret_cast<uint4*>(dst + q * g.slot_bytes) + copy_chunk;
+        for (int c = copy_chunk; c < slot_chunks; c += copy_chunk_step, from += copy_chunk_step, to += copy_chunk_step)
+          copy_async_stream(to, from);
+      }
+      return;
+    }
     for (int q = 0; q < g.pages_per_stage; ++q) {
-      const int64_t e = stage_entry(j) + q;
-      if (e >= span.last) break;
-      const int64_t page = s.pages[e - span.first];
+      if (e0 + q >= entries) break;
+      const int64_t page = s.pages[e0 + q];
       if (page < 0) continue;
-      ok |= 1ull << q;
       uint8_t* const to = dst + size_t(q) * g.slot_bytes;
 #pragma unroll
       for (int ri = 0; ri < kRegionCount; ++ri) {
@@ -178,7 +205,6 @@ struct DecodeBlock {
         }
       }
     }
-    if (th.tid == 0) s.page_ok[slot] = ok;
   }
 
   // The block's page ids into shared memory, read in parallel once: the producer
@@ -508,9 +534,17 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   if (counter && a.status && !scales_ok) atomicAdd(&a.status->bad_global_scale, (unsigned long long)span.length);
   if (!scales_ok || len.bad) span.last = span.first;  // read nothing; the outputs become NaN below
 
-  Block block{p, s, th, span, n, g.pages_per_stage * int(n), 0};
+  Block block{p, s, th, span, n, g.pages_per_stage * int(n), 0, nullptr, p.layout.region(Region::kKData).page, 0, 0, 0, 0};
   block.tiles = (block.stage_tokens + kTile - 1) / kTile;
-  const int64_t stages = span.last > span.first ? (span.last - span.first + g.pages_per_stage - 1) / g.pages_per_stage : 0;
+  {
+    const int per_page = max(1, kWarps / g.pages_per_stage);
+    block.copy_page = th.warp / per_page < g.pages_per_stage ? th.warp / per_page : -1;
+    block.copy_page_step = min(kWarps, g.pages_per_stage);
+    block.copy_chunk = 32 * (th.warp % per_page) + th.lane;
+    block.copy_chunk_step = 32 * per_page;
+  }
+  block.span_base = p.cache.ptr[p.layout.region(Region::kKData).buffer] + p.layout.tile(Region::kKData, a.layer, 0, th.kv_head).base;
+  const int stages = span.last > span.first ? int((span.last - span.first + g.pages_per_stage - 1) / g.pages_per_stage) : 0;
 
   if (th.tid == 0) s.flags[0] = 0;
   if (th.tid < kRegionCount) {
@@ -522,9 +556,19 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   if (!g.dense)
     for (size_t i = th.tid * 16; i < size_t(g.stages) * g.pages_per_stage * g.slot_bytes; i += kThreads * 16)
       *reinterpret_cast<uint4*>(s.stage + i) = make_uint4(0, 0, 0, 0);
+  block.load_pages();
+  __syncthreads();  // page ids (and row mode's zeroed stages) in place
+
+  // The pipeline: stages j .. j + stages - 1 in flight while stage j is consumed;
+  // one cp.async group per stage (empty past the last), so "all but the newest
+  // stages - 1 groups done" means "stage j is in". The first stages load while
+  // the tables and the query are prepared.
+  for (int j = 0; j < g.stages; ++j) {
+    if (j < stages) block.issue(j, j);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
   block.build_tables();
   block.load_query(kgs);
-  block.load_pages();
   __syncthreads();
   block.store_query_fragments();
   __syncthreads();
@@ -541,32 +585,31 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   }
   const unsigned long long all_pages = g.pages_per_stage >= 64 ? ~0ull : (1ull << g.pages_per_stage) - 1;
 
-  // The pipeline: stages j .. j + stages - 1 in flight while stage j is consumed;
-  // one cp.async group per stage (empty past the last), so "all but the newest
-  // stages - 1 groups done" means "stage j is in".
-  for (int64_t j = 0; j < g.stages; ++j) {
-    if (j < stages) block.issue(j);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-  }
-  for (int64_t j = 0; j < stages; ++j) {
-    const int slot = int(j % g.stages);
+  // The span's token bounds relative to its first entry's first token, in 32 bits.
+  const int64_t base = span.first * n;
+  const int rel_lo = int(min(max(span.window_start - base, int64_t(-(1 << 30))), int64_t(1 << 30)));
+  const int rel_hi = int(min(max(span.length - base, int64_t(-(1 << 30))), int64_t(1 << 30)));
+  const int stage_bytes = g.pages_per_stage * g.slot_bytes;
+  int slot = 0;
+  for (int j = 0; j < stages; ++j) {
     switch (g.stages) {
       case 2: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
       case 3: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
       default: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
     }
     __syncthreads();
-    const uint8_t* st = s.stage + size_t(slot) * g.pages_per_stage * g.slot_bytes;
-    const int64_t first_token = block.stage_entry(j) * n;
+    const uint8_t* st = s.stage + slot * stage_bytes;
+    const int t0 = j * block.stage_tokens;
     StageMask mk;
-    mk.lo = int(min(max(span.window_start - first_token, int64_t(0)), int64_t(block.stage_tokens)));
-    mk.hi = int(min(max(span.length - first_token, int64_t(0)), int64_t(block.stage_tokens)));
+    mk.lo = min(max(rel_lo - t0, 0), block.stage_tokens);
+    mk.hi = min(max(rel_hi - t0, 0), block.stage_tokens);
     mk.ok = s.page_ok[slot];
     mk.all_ok = mk.ok == all_pages;
     for (int t = th.warp; t < block.tiles; t += kWarps) block.tile(ln, qf, st, t * kTile, mk, state, a.softcap);
     __syncthreads();  // every warp is done with this slot
-    if (j + g.stages < stages) block.issue(j + g.stages);
+    if (j + g.stages < stages) block.issue(j + g.stages, slot);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+    slot = slot + 1 == g.stages ? 0 : slot + 1;
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 
@@ -785,9 +828,17 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
   g.plane_offset[int(Region::kVData)] = data_plane + scale_plane;
   g.plane_offset[int(Region::kVScale)] = 2 * data_plane + scale_plane;
   g.slot_bytes = 2 * (data_plane + scale_plane);
-  g.pages_per_stage = int(std::max<int64_t>(1, 64 / d.tokens_per_page));
+  // One span per (page, head): every region on the same page and head strides, at
+  // its plane's offset from K's data.
+  g.span = g.dense;
+  for (int ri = 0; ri < kRegionCount; ++ri) {
+    const RegionMap& m = p.layout.region(Region(ri)), &k = p.layout.region(Region::kKData);
+    g.span = g.span && m.buffer == k.buffer && m.layer == k.layer && m.page == k.page && m.head == k.head &&
+             m.offset - k.offset == g.plane_offset[ri];
+  }
+  g.pages_per_stage = int(std::max<int64_t>(1, 128 / d.tokens_per_page));
   const int stage_bytes = g.pages_per_stage * g.slot_bytes;
-  g.stages = std::clamp(int((72 << 10) / stage_bytes), 2, 4);
+  g.stages = std::clamp(int((40 << 10) / stage_bytes), 2, 4);
 
   int device = 0, sms = 0, max_smem = 0;
   cudaError_t e = cudaGetDevice(&device);

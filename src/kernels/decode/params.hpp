@@ -20,6 +20,8 @@ struct DecodeGeometry {
   int pages_per_stage = 1;  // pages copied into one shared-memory stage
   int stages = 2;           // stages in flight
   bool dense = false;       // pages copied as whole planes, 16 bytes per thread and copy (else row by row)
+  bool span = false;        // dense, and a (page, head)'s four planes lie back to back as in a page slot:
+                            // one contiguous copy per page
   int plane_offset[kRegionCount] = {};  // bytes of each region's plane inside a page slot
   int slot_bytes = 0;       // one page's four planes
   int smem_bytes = 0;       // dynamic shared memory of one thread block
