@@ -704,37 +704,66 @@ __global__ void __launch_bounds__(kThreads, (min_blocks<kD, kGroupRows>())) deco
 
 // One thread block per (query head, sequence): the splits' partials weighted by
 // their softmax denominators (and the sink), normalised, scaled by V's global
-// scale, written in the query's type.
+// scale, written in the query's type. The splits' weights are computed once into
+// shared memory (threads over splits); then each thread sums one column over the
+// splits, its loads independent so that many are in flight (a serial walk over
+// 64 splits cost ~1 us of latency per step).
+constexpr int kMergeThreads = 128;
+constexpr int kMaxSplits = 256;
+
+template <bool kMax>
+__device__ float block_reduce(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float other = __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    v = kMax ? fmaxf(v, other) : v + other;
+  }
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = red[0];
+  for (int w = 1; w < kMergeThreads / 32; ++w) v = kMax ? fmaxf(v, red[w]) : v + red[w];
+  __syncthreads();  // red is reused
+  return v;
+}
+
 template <ElementType kType>
-__global__ void merge_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const __grid_constant__ DecodeParams p) {
+  __shared__ float weight[kMaxSplits];
+  __shared__ float red[kMergeThreads / 32];
   const DecodeArgs& a = p.args;
   const DecodeGeometry& g = p.geometry;
   const int64_t head = blockIdx.x, seq = blockIdx.y;
   const int64_t dim = p.layout.dims().head_dim;
   const float* ws = static_cast<const float*>(a.workspace);
   const float* lse2 = ws + int64_t(a.batch.batch) * g.splits * a.q_heads * g.head_dim;
+  const int64_t row0 = seq * g.splits * a.q_heads + head;  // split k's partial: row0 + k * q_heads
   float mx = kNegInf;
-  bool nan_seen = false;
-  for (int k = 0; k < g.splits; ++k) {
-    const float v = lse2[(seq * g.splits + k) * a.q_heads + head];
+  int nan_seen = 0;
+  for (int k = threadIdx.x; k < g.splits; k += kMergeThreads) {
+    const float v = lse2[row0 + k * a.q_heads];
+    weight[k] = v;
     nan_seen |= v != v;
     mx = fmaxf(mx, v);
   }
-  float m_all = mx;
-  if (a.sinks) m_all = fmaxf(mx, a.sinks[head] * kLog2e);
-  float total = a.sinks ? exp2f(a.sinks[head] * kLog2e - m_all) : 0.0f;
-  if (mx != kNegInf)
-    for (int k = 0; k < g.splits; ++k) total += exp2f(lse2[(seq * g.splits + k) * a.q_heads + head] - m_all);
+  nan_seen = __syncthreads_or(nan_seen);
+  mx = block_reduce<true>(mx, red);
+  const float m_all = a.sinks ? fmaxf(mx, a.sinks[head] * kLog2e) : mx;
+  float part = 0;
+  for (int k = threadIdx.x; k < g.splits; k += kMergeThreads) {
+    const float w = mx == kNegInf ? 0.0f : exp2f(weight[k] - m_all);
+    weight[k] = w;
+    part += w;
+  }
+  float total = block_reduce<false>(part, red);  // its barriers also publish weight[]
+  if (a.sinks) total += exp2f(a.sinks[head] * kLog2e - m_all);
   const float out_scale = 16384.0f * *a.v_global_scale;
   const float nan = __int_as_float(0x7FC00000);
-  for (int64_t col = threadIdx.x; col < dim; col += blockDim.x) {
+  for (int64_t col = threadIdx.x; col < dim; col += kMergeThreads) {
+    const float* x = ws + row0 * g.head_dim + col;
+    const int64_t step = a.q_heads * g.head_dim;
     float o = 0;
-    if (mx != kNegInf)
-      for (int k = 0; k < g.splits; ++k) {
-        const int64_t part = (seq * g.splits + k) * a.q_heads + head;
-        const float w = exp2f(lse2[part] - m_all);
-        if (w > 0) o += ws[part * g.head_dim + col] * w;
-      }
+#pragma unroll 16
+    for (int k = 0; k < g.splits; ++k) o = fmaf(x[k * step], weight[k], o);
     float value = total > 0 ? o / total * out_scale : 0.0f;
     if (nan_seen) value = nan;
     uint16_t* out = static_cast<uint16_t*>(a.out) + (seq * a.q_heads + head) * dim + col;
@@ -753,7 +782,7 @@ cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
   const dim3 grid{unsigned(p.geometry.splits), unsigned(p.layout.dims().heads), unsigned(p.args.batch.batch)};
   kernel<<<grid, kThreads, p.geometry.smem_bytes, stream>>>(p);
   if ((e = cudaGetLastError()) != cudaSuccess || p.geometry.splits == 1) return e;
-  merge_kernel<kType><<<dim3{unsigned(p.args.q_heads), unsigned(p.args.batch.batch)}, 128, 0, stream>>>(p);
+  merge_kernel<kType><<<dim3{unsigned(p.args.q_heads), unsigned(p.args.batch.batch)}, kMergeThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -880,7 +909,7 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
   const int64_t min_splits = (entries + kMaxSplitEntries - 1) / kMaxSplitEntries;
   int64_t best_splits = 0;
   double best = 1e300;
-  for (int64_t sp = 1; sp <= std::min<int64_t>(stage_entries, 256); ++sp) {
+  for (int64_t sp = 1; sp <= std::min<int64_t>(stage_entries, kMaxSplits); ++sp) {
     const int64_t per = (stage_entries + sp - 1) / sp;  // stages per block
     const int64_t used = (stage_entries + per - 1) / per;
     if (used != sp || sp < min_splits || per * g.pages_per_stage > kMaxSplitEntries) continue;
