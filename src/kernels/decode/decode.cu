@@ -137,13 +137,10 @@ struct DecodeBlock {
   int64_t n;           // tokens per page
   int stage_tokens;    // pages_per_stage * n
   int tiles;           // per stage
-  // Span mode: this block's (page 0, head) span and the bytes from one page's span
-  // to the next. The warps share a stage's pages: with at least as many pages as
+  // Dense modes: the warps share a stage's pages: with at least as many pages as
   // warps, warp w copies pages w, w + 4, ...; with fewer, each page is copied by
   // 4 / pages warps, interleaved 32 chunks at a time. This thread's first page
   // (-1: none) and chunk, and their steps.
-  const uint8_t* span_base;
-  int64_t span_stride;
   int copy_page, copy_page_step, copy_chunk, copy_chunk_step;
 
   static constexpr int kNT = kGroupRows / 8;      // n-tiles of 8 query heads
@@ -174,16 +171,22 @@ struct DecodeBlock {
       }
       if (th.lane == 0) s.page_ok[slot] = ok;
     }
-    if (g.span) {
+    if (g.dense) {
+      // Each loaded page's span (span mode) or its four planes, copied by its warps.
       if (copy_page < 0) return;
-      const int slot_chunks = g.slot_bytes / 16;
+      const int pieces = g.span ? 1 : kRegionCount;
       for (int q = copy_page; q < g.pages_per_stage && e0 + q < entries; q += copy_page_step) {
         const int64_t page = s.pages[e0 + q];
         if (page < 0) continue;
-        const uint4* from = reinterpret_cast<const uint4*>(span_base + page * span_stride) + copy_chunk;
-        uint4* to = reinterpret_cast<uint4*>(dst + q * g.slot_bytes) + copy_chunk;
-        for (int c = copy_chunk; c < slot_chunks; c += copy_chunk_step, from += copy_chunk_step, to += copy_chunk_step)
-          copy_async_stream(to, from);
+        uint8_t* const slot_start = dst + q * g.slot_bytes;
+        for (int ri = 0; ri < pieces; ++ri) {
+          const Region r = Region(ri);
+          const int chunks = (g.span ? g.slot_bytes : plane_bytes(r)) / 16;
+          const uint4* from = reinterpret_cast<const uint4*>(s.plane_base[ri] + page * p.layout.region(r).page) + copy_chunk;
+          uint4* to = reinterpret_cast<uint4*>(slot_start + g.plane_offset[ri]) + copy_chunk;
+          for (int c = copy_chunk; c < chunks; c += copy_chunk_step, from += copy_chunk_step, to += copy_chunk_step)
+            copy_async_stream(to, from);
+        }
       }
       return;
     }
@@ -192,18 +195,7 @@ struct DecodeBlock {
       const int64_t page = s.pages[e0 + q];
       if (page < 0) continue;
       uint8_t* const to = dst + size_t(q) * g.slot_bytes;
-#pragma unroll
-      for (int ri = 0; ri < kRegionCount; ++ri) {
-        const Region r = Region(ri);
-        if (g.dense) {
-          const uint8_t* src = s.plane_base[ri] + page * p.layout.region(r).page;
-          uint8_t* plane = to + g.plane_offset[ri];
-          const int chunks = plane_bytes(r) / 16;
-          for (int w = th.tid; w < chunks; w += kThreads) copy_async_stream(plane + 16 * w, src + 16 * w);
-        } else {
-          copy_rows(r, page, to + g.plane_offset[ri]);
-        }
-      }
+      for (int ri = 0; ri < kRegionCount; ++ri) copy_rows(Region(ri), page, to + g.plane_offset[ri]);
     }
   }
 
@@ -534,7 +526,7 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   if (counter && a.status && !scales_ok) atomicAdd(&a.status->bad_global_scale, (unsigned long long)span.length);
   if (!scales_ok || len.bad) span.last = span.first;  // read nothing; the outputs become NaN below
 
-  Block block{p, s, th, span, n, g.pages_per_stage * int(n), 0, nullptr, p.layout.region(Region::kKData).page, 0, 0, 0, 0};
+  Block block{p, s, th, span, n, g.pages_per_stage * int(n), 0, 0, 0, 0, 0};
   block.tiles = (block.stage_tokens + kTile - 1) / kTile;
   {
     const int per_page = max(1, kWarps / g.pages_per_stage);
@@ -543,7 +535,6 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
     block.copy_chunk = 32 * (th.warp % per_page) + th.lane;
     block.copy_chunk_step = 32 * per_page;
   }
-  block.span_base = p.cache.ptr[p.layout.region(Region::kKData).buffer] + p.layout.tile(Region::kKData, a.layer, 0, th.kv_head).base;
   const int stages = span.last > span.first ? int((span.last - span.first + g.pages_per_stage - 1) / g.pages_per_stage) : 0;
 
   if (th.tid == 0) s.flags[0] = 0;
