@@ -205,6 +205,37 @@ TEST_F(GpuDecode, EveryGroupHeadDimAndPageSizeMatchesTheReference) {
   EXPECT_EQ(ran, 60);
 }
 
+// Page sizes outside the main sweep: 1 token per page (64 pages per stage, the
+// page mask's width), stages whose token count is not a multiple of 16 (3, 24, 40,
+// 200 tokens per page), one page of 256; and a plane preset whose stage holds one
+// or two pages (the copy split over warps). Lengths end inside tiles.
+TEST_F(GpuDecode, OddPageSizesAndStageShapes) {
+  int ran = 0;
+  for (int64_t n : {1, 2, 3, 8, 24, 40, 200, 256}) {
+    Case k;
+    k.tokens_per_page = n;
+    k.pages = std::max<int64_t>(8, 1200 / n + 8);
+    k.lengths = {100, 200, 37, 1, 0};
+    k.seed = uint64_t(n) + 300;
+    const Outcome o = run_case(k);
+    expect_close(k, o, cat("native N", n));
+    ++ran;
+  }
+  for (int64_t n : {64, 128}) {
+    Case k;
+    k.preset = "flashinfer-hnd";
+    k.tokens_per_page = n;
+    k.pages = 24;
+    k.lengths = {300, 129, 5};
+    k.seed = uint64_t(n) + 400;
+    const Outcome o = run_case(k);
+    EXPECT_TRUE(o.plan.dense_planes) << "flashinfer-hnd N" << n;
+    expect_close(k, o, cat("flashinfer-hnd N", n));
+    ++ran;
+  }
+  EXPECT_EQ(ran, 10);
+}
+
 // Head dims without their own instance run zero-padded (and row by row).
 TEST_F(GpuDecode, OtherHeadDimsThroughThePaddedPath) {
   for (int64_t dim : {16, 48, 80, 96, 112, 160, 192}) {

@@ -754,7 +754,10 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const __grid_const
     const int64_t step = a.q_heads * g.head_dim;
     float o = 0;
 #pragma unroll 16
-    for (int k = 0; k < g.splits; ++k) o = fmaf(x[k * step], weight[k], o);
+    for (int k = 0; k < g.splits; ++k) {
+      const float v = x[k * step];  // loaded whatever the weight: the loads stay independent
+      o = weight[k] > 0 ? fmaf(v, weight[k], o) : o;  // a split of weight 0 adds nothing, even a NaN
+    }
     float value = total > 0 ? o / total * out_scale : 0.0f;
     if (nan_seen) value = nan;
     uint16_t* out = static_cast<uint16_t*>(a.out) + (seq * a.q_heads + head) * dim + col;
@@ -856,7 +859,9 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
     g.span = g.span && m.buffer == k.buffer && m.layer == k.layer && m.page == k.page && m.head == k.head &&
              m.offset - k.offset == g.plane_offset[ri];
   }
-  g.pages_per_stage = int(std::max<int64_t>(1, 128 / d.tokens_per_page));
+  // 128-token stages, at most 64 pages (page_ok is a 64-bit mask: one token per page
+  // makes 64-token stages).
+  g.pages_per_stage = int(std::clamp<int64_t>(128 / d.tokens_per_page, 1, 64));
   const int stage_bytes = g.pages_per_stage * g.slot_bytes;
   g.stages = std::clamp(int((40 << 10) / stage_bytes), 2, 4);
 
