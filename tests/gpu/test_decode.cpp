@@ -210,7 +210,6 @@ TEST_F(GpuDecode, EveryGroupHeadDimAndPageSizeMatchesTheReference) {
 // 200 tokens per page), one page of 256; and a plane preset whose stage holds one
 // or two pages (the copy split over warps). Lengths end inside tiles.
 TEST_F(GpuDecode, OddPageSizesAndStageShapes) {
-  int ran = 0;
   for (int64_t n : {1, 2, 3, 8, 24, 40, 200, 256}) {
     Case k;
     k.tokens_per_page = n;
@@ -219,7 +218,6 @@ TEST_F(GpuDecode, OddPageSizesAndStageShapes) {
     k.seed = uint64_t(n) + 300;
     const Outcome o = run_case(k);
     expect_close(k, o, cat("native N", n));
-    ++ran;
   }
   for (int64_t n : {64, 128}) {
     Case k;
@@ -231,9 +229,7 @@ TEST_F(GpuDecode, OddPageSizesAndStageShapes) {
     const Outcome o = run_case(k);
     EXPECT_TRUE(o.plan.dense_planes) << "flashinfer-hnd N" << n;
     expect_close(k, o, cat("flashinfer-hnd N", n));
-    ++ran;
   }
-  EXPECT_EQ(ran, 10);
 }
 
 // Head dims without their own instance run zero-padded (and row by row).

@@ -15,11 +15,17 @@
 
 namespace nvfp4kv::kernels {
 
-// Per-thread asynchronous 16-byte copy global -> shared (sm_80+), its group
-// commit and wait. A thread's groups complete in order.
-__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
+// Per-thread asynchronous copies global -> shared (sm_80+) of 4, 8 or 16 bytes
+// through L1, of 16 bytes past it (streamed data read once), their group commit
+// and wait. A thread's groups complete in order.
+template <int kBytes>
+__device__ __forceinline__ void copy_async(void* shared, const void* global) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(global), "n"(kBytes) : "memory");
+}
+__device__ __forceinline__ void copy_async_stream(void* shared, const void* global) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
 }
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int kPending>

@@ -32,6 +32,7 @@
 #include <cmath>
 #include <limits>
 
+#include "../common/device.cuh"
 #include "../common/dispatch.cuh"
 #include "params.hpp"
 #include "tensor_ops.cuh"
@@ -556,7 +557,7 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   // the tables and the query are prepared.
   for (int j = 0; j < g.stages; ++j) {
     if (j < stages) block.issue(j, j);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    commit_copies();
   }
   block.build_tables();
   block.load_query(kgs);
@@ -584,9 +585,9 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   int slot = 0;
   for (int j = 0; j < stages; ++j) {
     switch (g.stages) {
-      case 2: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-      case 3: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-      default: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+      case 2: wait_copies<1>(); break;
+      case 3: wait_copies<2>(); break;
+      default: wait_copies<3>(); break;
     }
     __syncthreads();
     const uint8_t* st = s.stage + slot * stage_bytes;
@@ -599,10 +600,10 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
     for (int t = th.warp; t < block.tiles; t += kWarps) block.tile(ln, qf, st, t * kTile, mk, state, a.softcap);
     __syncthreads();  // every warp is done with this slot
     if (j + g.stages < stages) block.issue(j + g.stages, slot);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    commit_copies();
     slot = slot + 1 == g.stages ? 0 : slot + 1;
   }
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  wait_copies<0>();
 
   // Combine the warps: (max, sum, O) of each query row, in the stage area.
   float* cm = reinterpret_cast<float*>(s.stage);         // (warps, 16)

@@ -1,16 +1,11 @@
 #pragma once
 // The instructions decode attention is built from (sm_90): FP16 tensor-core MMA,
-// register transposes, per-thread asynchronous copies, E4M3
-// conversion, and the E2M1 -> FP16 bit placement.
+// register transposes, E4M3 conversion, and the E2M1 -> FP16 bit placement.
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
 namespace nvfp4kv::kernels::decode {
-
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 
 // c += a (16 x 16, row-major fragments) * b (16 x 8, column-major), FP16 in, FP32 accumulate.
 __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -20,13 +15,6 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Per-thread asynchronous copies of 4, 8 or 16 bytes.
-template <int kBytes>
-__device__ __forceinline__ void copy_async(void* shared, const void* global) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(shared_address(shared)), "l"(global), "n"(kBytes)
-               : "memory");
 }
 
 // An E4M3 block scale as two equal FP16 values (exact: FP16 holds every E4M3 value).
@@ -73,11 +61,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-
-// Per-thread asynchronous 16-byte copy that bypasses L1 (streamed data).
-__device__ __forceinline__ void copy_async_stream(void* shared, const void* global) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(shared)), "l"(global) : "memory");
 }
 
 __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {

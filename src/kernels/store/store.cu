@@ -120,8 +120,8 @@ __device__ __forceinline__ void store_device(const StoreParams& p, StoreShared& 
   const auto issue = [&](int64_t j) {
     if (j < heads) {
       const uint4* from = src + (th.first_head + j * th.head_stride) * head_chunks;
-      copy_async_16(&smem.stage[j % kStages][0][th.slot], from);
-      copy_async_16(&smem.stage[j % kStages][1][th.slot], from + 1);
+      copy_async<16>(&smem.stage[j % kStages][0][th.slot], from);
+      copy_async<16>(&smem.stage[j % kStages][1][th.slot], from + 1);
     }
     commit_copies();
   };
