@@ -16,22 +16,56 @@
 namespace nvfp4kv::kernels {
 
 // Per-thread asynchronous copies global -> shared (sm_80+) of 4, 8 or 16 bytes
-// through L1, of 16 bytes past it (streamed data read once), their group commit
-// and wait. A thread's groups complete in order.
+// through L1, their group commit and wait. A thread's groups complete in order.
 template <int kBytes>
 __device__ __forceinline__ void copy_async(void* shared, const void* global) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared));
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(global), "n"(kBytes) : "memory");
-}
-__device__ __forceinline__ void copy_async_stream(void* shared, const void* global) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
 }
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void wait_copies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
+
+// Bulk copies global -> shared by the copy engine (sm_90+), completed on a
+// transaction-counting barrier in shared memory: one thread announces a phase's
+// bytes (arrive_expect_bytes), any threads issue copies against it, and readers
+// wait for the phase's parity. Sizes and both addresses must be multiples of 16.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void barrier_init(uint64_t* bar, unsigned arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(arrivals) : "memory");
+}
+// Makes the initialised barriers visible to the copy engine (before a block barrier).
+__device__ __forceinline__ void barrier_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void arrive_expect_bytes(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void copy_bulk(void* shared, const void* global, unsigned bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   shared_address(shared)),
+               "l"(global), "r"(bytes), "r"(shared_address(bar))
+               : "memory");
+}
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, unsigned parity) {
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// Programmatic dependent launch (sm_90+): a grid launched with programmatic stream
+// serialization may start before the grid it follows ends; it waits here until
+// that grid has finished and its writes are visible.
+__device__ __forceinline__ void wait_for_prior_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+// Lets the next grid (if launched as above) start now, while this one runs.
+__device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 // The quiet NaN of a 16-bit output type, twice: rows that must not pass for data.
 template <bool kBFloat16>
