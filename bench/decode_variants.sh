@@ -3,12 +3,14 @@
 # (applied alone on top of the working tree), build the CLI for sm_90a in its own
 # directory and time a few decode shapes (`nvfp4kv bench decode`, which checks
 # each shape against the fp64 reference before timing it). The tree itself runs
-# first as the baseline.  Usage: bench/decode_variants.sh A.patch [B.patch ...]
+# first as the baseline.  Usage: [NVFP4KV_VARIANT_SHAPES="--head-dim 64 ..."] bench/decode_variants.sh A.patch [B.patch ...]
 set -uo pipefail
 root=$PWD
 work=${TMPDIR:-/tmp}/nvfp4kv-decode-variants
 rm -rf "$work" && mkdir -p "$work"
-shapes=(--batch 1,16,128 --context 2048,32768 --json)
+# NVFP4KV_VARIANT_SHAPES: other `bench decode` options (default: the D 128 shapes below).
+read -r -a shapes <<< "${NVFP4KV_VARIANT_SHAPES:---batch 1,16,128 --context 2048,32768}"
+shapes+=(--json)
 run() {  # name, build dir
   echo "=== $1"
   "$2/nvfp4kv" bench decode "${shapes[@]}" 2>&1 | python3 -c '

@@ -917,9 +917,10 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
     g.span = g.span && m.buffer == k.buffer && m.layer == k.layer && m.page == k.page && m.head == k.head &&
              m.offset - k.offset == g.plane_offset[ri];
   }
-  // 128-token stages, at most 64 pages (page_ok is a 64-bit mask: one token per page
-  // makes 64-token stages).
-  g.pages_per_stage = int(std::clamp<int64_t>(128 / d.tokens_per_page, 1, 64));
+  // 128-token stages (256 at D 64, whose tokens are half the bytes: the per-stage
+  // wait, barrier and bookkeeping spread over more tokens; run 26: -5 to -7 %), at
+  // most 64 pages (page_ok is a 64-bit mask: one token per page makes 64-token stages).
+  g.pages_per_stage = int(std::clamp<int64_t>((g.head_dim <= 64 ? 256 : 128) / d.tokens_per_page, 1, 64));
   const int stage_bytes = g.pages_per_stage * g.slot_bytes;
   g.stages = std::clamp(int((40 << 10) / stage_bytes), 2, 4);
 
