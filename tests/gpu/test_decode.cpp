@@ -207,18 +207,23 @@ TEST_F(GpuDecode, EveryGroupHeadDimAndPageSizeMatchesTheReference) {
 
 // Page sizes outside the main sweep: 1 token per page (64 pages per stage, the
 // page mask's width), stages whose token count is not a multiple of 16 (3, 24, 40,
-// 200 tokens per page), one page of 256; and a plane preset whose stage holds one
-// or two pages (the copy split over warps). Lengths end inside tiles.
+// 200 tokens per page), one page of 256, at each head dim (at D 64 a warp's tiles
+// go in pairs, so odd tile counts per warp leave a single one); and a plane
+// preset whose stage holds one or two pages (a bulk copy per plane). Lengths end
+// inside tiles.
 TEST_F(GpuDecode, OddPageSizesAndStageShapes) {
-  for (int64_t n : {1, 2, 3, 8, 24, 40, 200, 256}) {
-    Case k;
-    k.tokens_per_page = n;
-    k.pages = std::max<int64_t>(8, 1200 / n + 8);
-    k.lengths = {100, 200, 37, 1, 0};
-    k.seed = uint64_t(n) + 300;
-    const Outcome o = run_case(k);
-    expect_close(k, o, cat("native N", n));
-  }
+  for (int64_t dim : {128, 64, 256})
+    for (int64_t n : {1, 2, 3, 8, 24, 40, 200, 256}) {
+      if (dim != 128 && (n == 1 || n == 2 || n == 8)) continue;
+      Case k;
+      k.head_dim = dim;
+      k.tokens_per_page = n;
+      k.pages = std::max<int64_t>(8, 1200 / n + 8);
+      k.lengths = {100, 200, 37, 1, 0};
+      k.seed = uint64_t(n + dim) + 300;
+      const Outcome o = run_case(k);
+      expect_close(k, o, cat("native D", dim, " N", n));
+    }
   for (int64_t n : {64, 128}) {
     Case k;
     k.preset = "flashinfer-hnd";
@@ -273,6 +278,20 @@ TEST_F(GpuDecode, SplitSequencesMergeToTheReference) {
   k.sinks = true;
   const Outcome some = run_case(k);
   expect_close(k, some, "ragged batch up to 41000 tokens, sinks");
+  // The merge takes the partials in chunks of 64 splits at D 128, 32 at D 256 (and
+  // 128 at D 64 above); a padded D leaves columns of the workspace unwritten.
+  for (int64_t dim : {128, 256, 96}) {
+    Case m;
+    m.kv_heads = 1;
+    m.head_dim = dim;
+    m.group = 4;
+    m.pages = 2600;
+    m.lengths = {41000, 700};
+    m.seed = uint64_t(dim) + 500;
+    const Outcome o = run_case(m);
+    EXPECT_GT(o.plan.splits, 64) << "D" << dim;
+    expect_close(m, o, cat("D", dim, ", 41000 tokens, splits ", o.plan.splits));
+  }
 }
 
 // A subset of a sequence's pages (sparse / top-k selection): the block table

@@ -5,8 +5,9 @@
 // shared-memory stages several stages ahead: by bulk copies on a barrier per
 // stage when the layout's (page, head) planes are dense and aligned (one copy per
 // page when its four planes lie back to back, as in the native layouts), else row
-// by row into canonical planes by per-thread cp.async. Each of the 4 warps takes 16 tokens of
-// a stage at a time (a tile) and keeps everything of it in registers:
+// by row into canonical planes by per-thread cp.async. Each of the 4 warps takes
+// 16 tokens of a stage at a time (a tile; at D 64 two tiles share one softmax
+// update) and keeps everything of them in registers:
 //  - S = K Q^T on FP16 tensor cores (m16n8k16): M = the tile's 16 tokens, N = 8
 //    query heads, K = 16 columns of D. A lane's K operand is 4 E2M1 values of one
 //    token; they become FP16 by bit placement (place_e2m1: e2m1 * 2^-14, exact)
@@ -641,12 +642,12 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
     if constexpr (kD <= 64) {
       for (; t + kWarps < block.tiles; t += 2 * kWarps) {
         const int first[2] = {t * kTile, (t + kWarps) * kTile};
-        block.take_tiles<2>(ln, qf, st, first, mk, state, a.softcap);
+        block.template take_tiles<2>(ln, qf, st, first, mk, state, a.softcap);
       }
     }
     for (; t < block.tiles; t += kWarps) {
       const int first[1] = {t * kTile};
-      block.take_tiles<1>(ln, qf, st, first, mk, state, a.softcap);
+      block.template take_tiles<1>(ln, qf, st, first, mk, state, a.softcap);
     }
     __syncthreads();  // every warp is done with this slot
     if (j + g.stages < stages) block.issue(j + g.stages, slot);
@@ -738,18 +739,24 @@ constexpr int min_blocks() {
 
 template <int kD, int kGroupRows, ElementType kType>
 __global__ void __launch_bounds__(kThreads, (min_blocks<kD, kGroupRows>())) decode_kernel(const __grid_constant__ DecodeParams p) {
+#if NVFP4KV_KERNEL_ARCH_SUPPORTED
   extern __shared__ __align__(128) char smem[];
   const DecodeThread th{int(threadIdx.x), int(threadIdx.x) / 32, int(threadIdx.x) % 32, int64_t(blockIdx.x),
                         int64_t(blockIdx.y), int64_t(blockIdx.z)};
   decode_device<kD, kGroupRows, kType>(p, smem, th);
+#else
+  __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
+#endif
 }
 
-// One thread block per (query head, sequence): the splits' partials weighted by
-// their softmax denominators (and the sink), normalised, scaled by V's global
-// scale, written in the query's type. The splits' weights are computed once into
-// shared memory (threads over splits); then each thread sums one column over the
-// splits, its loads independent so that many are in flight (a serial walk over
-// 64 splits cost ~1 us of latency per step).
+// One thread block per (query head, sequence), launched as a programmatic
+// dependent of the decode grid: the splits' partials weighted by their softmax
+// denominators (and the sink), normalised, scaled by V's global scale, written in
+// the query's type. The splits' weights are computed once into shared memory
+// (threads over splits); the partial rows then come into shared memory by
+// cp.async, a chunk of splits at a time with every copy in flight, and each
+// thread sums 4 columns over every `groups`-th split of the chunk before the
+// groups meet in shared memory.
 constexpr int kMergeThreads = 128;
 constexpr int kMaxSplits = 256;
 
@@ -770,12 +777,11 @@ __device__ float block_reduce(float v, float* red) {
 
 template <ElementType kType>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const __grid_constant__ DecodeParams p) {
+#if NVFP4KV_KERNEL_ARCH_SUPPORTED
   __shared__ float weight[kMaxSplits];
   __shared__ float red[kMergeThreads / 32];
   __shared__ float4 rows[2048];  // 32 KB of partial rows: 64 splits at D 128
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   wait_for_prior_grid();  // the decode grid's partials are complete and visible
-#endif
   const DecodeArgs& a = p.args;
   const DecodeGeometry& g = p.geometry;
   const int64_t head = blockIdx.x, seq = blockIdx.y;
@@ -819,11 +825,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const __grid_const
   for (int k0 = 0; k0 < g.splits; k0 += rows_per_chunk) {
     const int count = min(rows_per_chunk, g.splits - k0);
     for (int i = threadIdx.x; i < count * slots; i += kMergeThreads)
-      copy_async<16>(&rows[i], x + (k0 + i / slots) * step + i % slots);
+      if (4 * (i % slots) < dim) copy_async<16>(&rows[i], x + (k0 + i / slots) * step + i % slots);  // written columns only
     commit_copies();
     wait_copies<0>();
     __syncthreads();
-    for (int r = grp; r < count; r += groups) {
+    for (int r = grp; r < count && 4 * slot < dim; r += groups) {
       const float w = weight[k0 + r];
       if (!(w > 0)) continue;
       const float4 v = rows[r * slots + slot];
@@ -853,6 +859,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const __grid_const
   }
   if (a.lse && threadIdx.x == 0)
     a.lse[seq * a.q_heads + head] = nan_seen ? nan : total > 0 ? (m_all + log2f(total)) / kLog2e : kNegInf;
+#else
+  __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
+#endif
 }
 
 template <int kD, int kGroupRows, ElementType kType>
