@@ -15,12 +15,17 @@
 
 namespace nvfp4kv::kernels {
 
+// A shared-memory address as the 32-bit operand the PTX below takes.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
 // Per-thread asynchronous copies global -> shared (sm_80+) of 4, 8 or 16 bytes
 // through L1, their group commit and wait. A thread's groups complete in order.
 template <int kBytes>
 __device__ __forceinline__ void copy_async(void* shared, const void* global) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(global), "n"(kBytes) : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(shared_address(shared)), "l"(global), "n"(kBytes)
+               : "memory");
 }
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int kPending>
@@ -32,9 +37,6 @@ __device__ __forceinline__ void wait_copies() {
 // transaction-counting barrier in shared memory: one thread announces a phase's
 // bytes (arrive_expect_bytes), any threads issue copies against it, and readers
 // wait for the phase's parity. Sizes and both addresses must be multiples of 16.
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void barrier_init(uint64_t* bar, unsigned arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(arrivals) : "memory");
 }
