@@ -24,17 +24,26 @@ for line in sys.stdin:
         print("  read ceiling %.2f TB/s" % r["ceiling_read_tbs"]); continue
     print("  B %4d L %6d: %8.1f us %5.2f TB/s (%3.0f%%) splits %d" % (r["batch"], r["context"], r["ms"] * 1e3, r["tbs"], 100 * r["of_ceiling"], r["splits"]))'
 }
-run "baseline (working tree)" "$root/build/gpu"
+# Every variant's tree is patched and built first, all builds at once (they share
+# the machine's cores), then each is timed in turn with the GPU to itself.
 n=0
 for patch in "$@"; do
   n=$((n + 1))
   dir="$work/v$n"
   mkdir -p "$dir"
   (cd "$root" && tar cf - --exclude=./build --exclude=./.git --exclude=./.carry .) | (cd "$dir" && tar xf -)
-  (cd "$dir" && patch -p1 -s < "$root/$patch") || { echo "$patch: does not apply"; continue; }
-  cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNVFP4KV_REQUIRE_CUDA=ON -DNVFP4KV_BUILD_TESTS=OFF \
+  (cd "$dir" && patch -p1 -s < "$root/$patch") || { echo "$patch: does not apply"; touch "$dir/failed"; continue; }
+  (cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNVFP4KV_REQUIRE_CUDA=ON -DNVFP4KV_BUILD_TESTS=OFF \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DNVFP4KV_EXTRA_INCLUDE="$root/.carry/include" > "$dir/configure.log" 2>&1 &&
-    cmake --build "$dir/build" -j 16 --target nvfp4kv > "$dir/build.log" 2>&1 || { grep -E "error" -A3 "$dir/build.log" | head; continue; }
+    cmake --build "$dir/build" -j 8 --target nvfp4kv > "$dir/build.log" 2>&1 || touch "$dir/failed") &
+done
+wait
+run "baseline (working tree)" "$root/build/gpu"
+n=0
+for patch in "$@"; do
+  n=$((n + 1))
+  dir="$work/v$n"
+  if [ -f "$dir/failed" ]; then echo "=== $patch: build failed"; grep -E "error" -A3 "$dir/build.log" | head; continue; fi
   grep -E "spill" "$dir/build.log" | grep -E "Li128ELi8|Li64ELi8" | head -2
   run "$patch" "$dir/build"
 done

@@ -27,6 +27,12 @@ __device__ __forceinline__ void copy_async(void* shared, const void* global) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(shared_address(shared)), "l"(global), "n"(kBytes)
                : "memory");
 }
+// The same, 16 bytes, through L2 only: for data other blocks of the grid wrote.
+template <int kBytes>
+__device__ __forceinline__ void copy_async_l2(void* shared, const void* global) {
+  static_assert(kBytes == 16, "cp.async.cg copies 16 bytes");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(shared)), "l"(global) : "memory");
+}
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void wait_copies() {
@@ -60,6 +66,22 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar, unsigned parity) {
         : "r"(shared_address(bar)), "r"(parity)
         : "memory");
   } while (!done);
+}
+
+// A plain arrival on a barrier (release: the arriving thread's earlier writes are
+// visible to whoever waits for the phase).
+__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
+}
+// An arrival on a barrier once every cp.async this thread issued before has
+// landed; it counts as one of the phase's expected arrivals (.noinc).
+__device__ __forceinline__ void barrier_arrive_after_copies(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(bar)) : "memory");
+}
+// A block barrier among `threads` threads (a multiple of 32) on hardware barrier
+// `id` (1-15; 0 is __syncthreads'): lets some warps synchronise while others run on.
+__device__ __forceinline__ void sync_threads(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Programmatic dependent launch (sm_90+): a grid launched with programmatic stream

@@ -42,13 +42,21 @@
 namespace nvfp4kv::kernels {
 namespace decode {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
+// Warp-specialized: kConsumerWarps warps take the stages' tiles, one producer
+// warp fills the stages; they meet only on per-stage barriers (full: the stage
+// landed; empty: every consumer warp is done with it), never on a block barrier.
+constexpr int kConsumerWarps = 8;
+constexpr int kConsumerThreads = kConsumerWarps * 32;
+[[maybe_unused]] constexpr int kProducerWarp = kConsumerWarps;
+constexpr int kThreads = kConsumerThreads + 32;
+constexpr int kMaxStages = 8;
+constexpr int kMaxSplits = 256;
+[[maybe_unused]] constexpr int kConsumerBarrier = 1;  // hardware barrier id of the consumers' own syncs
 constexpr int kTile = 16;           // tokens a warp takes at a time
 constexpr int kMaxStageTokens = 256;
 constexpr int64_t kMaxSplitEntries = 4096;  // block-table entries one block reads (page ids kept in shared memory)
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+[[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f;
+[[maybe_unused]] constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Byte offset, inside a token's data row, of K data word w (8 elements) of lane
 // column c: lanes 0-3 of a row split the row's 16-byte chunks between them.
@@ -70,7 +78,8 @@ struct Smem {
   float* row_scale;                   // (16) logit multiplier per query row
   uint2* qfrag;                       // (D / 16, 2, 32) the query's B fragments per k-step, n-tile and lane
   unsigned long long* page_ok;        // (stages) bit p: page slot p was loaded
-  uint64_t* landed;                   // (stages) dense modes: the stage's bulk copies have landed
+  uint64_t* full;                     // (stages) the stage's copies have landed and page_ok is written
+  uint64_t* empty;                    // (stages) every consumer warp is done with the stage
   const uint8_t** plane_base;         // (regions) byte of (page 0, token 0, column 0)
                                       // of this block's layer and kv head
   int* flags;                         // [0]: a bad page was met
@@ -87,15 +96,20 @@ struct Carve {
   }
 };
 
+// The stage slots, reused at the end for the warps' combine and the split merge.
+template <int kD>
+__host__ __device__ size_t stage_area(const DecodeGeometry& g) {
+  return std::max<size_t>(size_t(g.stages) * g.pages_per_stage * g.slot_bytes,
+                          size_t(kConsumerWarps) * 16 * kD * sizeof(float) + 2 * kConsumerWarps * 16 * sizeof(float));
+}
+
 template <int kD>
 __host__ __device__ size_t carve(char* base, const DecodeGeometry& g, int64_t n, Smem* s) {
   const int stage_tokens = g.pages_per_stage * int(n);
   const int tokens = (stage_tokens + kTile - 1) / kTile * kTile;
-  const size_t stage_area = std::max<size_t>(size_t(g.stages) * g.pages_per_stage * g.slot_bytes,
-                                             size_t(kWarps) * 16 * kD * sizeof(float) + 2 * kWarps * 16 * sizeof(float));
   Carve c;
   Smem m;
-  m.stage = c.take<uint8_t>(base, stage_area, 128);
+  m.stage = c.take<uint8_t>(base, stage_area<kD>(g), 128);
   m.krow = c.take<uint2>(base, tokens);
   m.vrow = c.take<uint2>(base, tokens);
   m.slot_of = c.take<uint8_t>(base, tokens);
@@ -106,7 +120,8 @@ __host__ __device__ size_t carve(char* base, const DecodeGeometry& g, int64_t n,
   m.row_scale = c.take<float>(base, 16);
   m.qfrag = c.take<uint2>(base, size_t(kD / 16) * 2 * 32);
   m.page_ok = c.take<unsigned long long>(base, g.stages, 8);
-  m.landed = c.take<uint64_t>(base, g.stages, 8);
+  m.full = c.take<uint64_t>(base, g.stages, 8);
+  m.empty = c.take<uint64_t>(base, g.stages, 8);
   m.plane_base = c.take<const uint8_t*>(base, kRegionCount, 8);
   m.flags = c.take<int>(base, 4);
   if (s) *s = m;
@@ -153,18 +168,19 @@ struct DecodeBlock {
   static constexpr int kMTiles = kD / 16;         // O^T tiles of 16 rows of D
   static constexpr bool kQInRegisters = kD * kNT <= 128;
 
-  // ---- loading ---------------------------------------------------------------
+  // ---- loading (the producer warp) ----------------------------------------------
   // Stage j (its entries j * pages_per_stage .. of the span) into stage slot
-  // `slot`. Warp 0 records which page slots get a page. Dense modes: warp 0's
-  // lanes issue one bulk copy per loaded page (its span) or four (its planes) on
-  // the slot's barrier, which expects the stage's bytes; the other warps issue
-  // nothing. Row mode: every thread copies its share of the rows into the
-  // canonical planes, 16 bytes per copy at most, as one cp.async group.
+  // `slot`, whose consumers are done with it. Lane 0 records which page slots get
+  // a page. Dense modes: the lanes issue one bulk copy per loaded page (its span)
+  // or four (its planes) on the slot's full barrier, which expects the stage's
+  // bytes. Row mode: the lanes copy the rows into the canonical planes by
+  // cp.async, 16 bytes per copy at most, and each arrives on the full barrier
+  // once its copies have landed (lane 0 once more, for page_ok).
   __device__ void issue(int j, int slot) const {
     const DecodeGeometry& g = p.geometry;
     uint8_t* const dst = s.stage + size_t(slot) * g.pages_per_stage * g.slot_bytes;
     const int e0 = j * g.pages_per_stage, entries = int(span.last - span.first);
-    if (th.warp == 0) {
+    {
       unsigned long long ok = 0;
       for (int q0 = 0; q0 < g.pages_per_stage; q0 += 32) {
         const int q = q0 + th.lane;
@@ -174,7 +190,7 @@ struct DecodeBlock {
       if (th.lane == 0) s.page_ok[slot] = ok;
       if (g.dense) {
         // Every loaded page brings slot_bytes (its span, or four planes that add up to it).
-        if (th.lane == 0) arrive_expect_bytes(&s.landed[slot], unsigned(__popcll(ok)) * unsigned(g.slot_bytes));
+        if (th.lane == 0) arrive_expect_bytes(&s.full[slot], unsigned(__popcll(ok)) * unsigned(g.slot_bytes));
         __syncwarp();
         for (int q = th.lane; q < g.pages_per_stage; q += 32) {
           if (((ok >> q) & 1ull) == 0) continue;
@@ -182,12 +198,12 @@ struct DecodeBlock {
           uint8_t* const slot_start = dst + q * g.slot_bytes;
           if (g.span) {
             copy_bulk(slot_start, s.plane_base[0] + page * p.layout.region(Region::kKData).page, unsigned(g.slot_bytes),
-                      &s.landed[slot]);
+                      &s.full[slot]);
           } else {
             for (int ri = 0; ri < kRegionCount; ++ri) {
               const Region r = Region(ri);
               copy_bulk(slot_start + g.plane_offset[ri], s.plane_base[ri] + page * p.layout.region(r).page,
-                        unsigned(plane_bytes(r)), &s.landed[slot]);
+                        unsigned(plane_bytes(r)), &s.full[slot]);
             }
           }
         }
@@ -201,6 +217,9 @@ struct DecodeBlock {
       uint8_t* const to = dst + size_t(q) * g.slot_bytes;
       for (int ri = 0; ri < kRegionCount; ++ri) copy_rows(Region(ri), page, to + g.plane_offset[ri]);
     }
+    barrier_arrive_after_copies(&s.full[slot]);
+    __syncwarp();  // the lanes' byte copies (narrow rows) and page_ok before lane 0's release
+    if (th.lane == 0) barrier_arrive(&s.full[slot]);
   }
 
   // The block's page ids into shared memory, read in parallel once: the producer
@@ -233,7 +252,7 @@ struct DecodeBlock {
     int width = p.layout.vector_bytes(r);
     while (width > 1 && (cols % width != 0 || row % width != 0)) width /= 2;
     const int64_t chunks = cols / width;
-    for (int64_t i = th.tid; i < n * chunks; i += kThreads) {
+    for (int64_t i = th.lane; i < n * chunks; i += 32) {
       const int64_t t = i / chunks, col = (i % chunks) * width;
       const uint8_t* src = element_address(p.layout, p.cache, r, {p.args.layer, page, t, th.kv_head, col});
       uint8_t* to = plane + t * row + col;
@@ -253,7 +272,7 @@ struct DecodeBlock {
     const int padded = (stage_tokens + kTile - 1) / kTile * kTile;
     const TileMap kd = p.layout.tile(Region::kKData, 0, 0, 0), ks = p.layout.tile(Region::kKScale, 0, 0, 0);
     const TileMap vd = p.layout.tile(Region::kVData, 0, 0, 0), vs = p.layout.tile(Region::kVScale, 0, 0, 0);
-    for (int i = th.tid; i < padded; i += kThreads) {
+    for (int i = th.tid; i < padded; i += kConsumerThreads) {
       const int slot = i < stage_tokens ? int(i / n) : 0;
       const int64_t t = i < stage_tokens ? i % n : 0;
       const uint32_t base = uint32_t(slot * g.slot_bytes);
@@ -265,7 +284,7 @@ struct DecodeBlock {
       s.vrow[i] = make_uint2(row(Region::kVData, vd), row(Region::kVScale, vs));
       s.slot_of[i] = uint8_t(slot);
     }
-    for (int c = th.tid; c < kD / 16; c += kThreads) {
+    for (int c = th.tid; c < kD / 16; c += kConsumerThreads) {
       s.kscale_col[c] = uint32_t(g.dense ? ks.column(c) : c);
       s.vscale_col[c] = uint32_t(g.dense ? vs.column(c) : c);
     }
@@ -280,7 +299,7 @@ struct DecodeBlock {
     const DecodeArgs& a = p.args;
     const int64_t token_stride = a.q_token_stride ? a.q_token_stride : a.q_heads * d.head_dim;
     const uint16_t* q = static_cast<const uint16_t*>(a.q) + th.seq * token_stride;
-    for (int r = th.warp; r < 16; r += kWarps) {
+    for (int r = th.warp; r < 16; r += kConsumerWarps) {
       float v[kD / 32];
       float amax = 0;
 #pragma unroll
@@ -310,7 +329,7 @@ struct DecodeBlock {
   // col + 1, col + 5 (rows 2c + 8, 2c + 9), col = 2 word_offset(c, ks / 2) + 2 (ks % 2).
   __device__ void store_query_fragments() const {
     const int g = th.lane >> 2, c = th.lane & 3;
-    for (int i = th.warp; i < kKSteps * kNT; i += kWarps) {
+    for (int i = th.warp; i < kKSteps * kNT; i += kConsumerWarps) {
       const int ks = i / kNT, nt = i % kNT;
       const int col = 2 * word_offset<kD>(c, ks / 2) + 2 * (ks % 2);
       const __half* row = s.q + (8 * nt + g) * kD + col;
@@ -532,6 +551,155 @@ struct DecodeBlock {
   }
 };
 
+// ---- the split-KV merge -------------------------------------------------------
+// The workspace of a split call: each split's partial per (sequence, query head),
+// then a ticket per (sequence, kv head) that finds the split to finish last, which
+// merges. A ticket counts finished splits as kTicketTag << 16 | count; any other
+// value reads as zero finished, and the last split leaves 0: so the ticket resets
+// itself for the next call (graph replays need no memset) and a workspace fresh
+// from cudaMalloc needs no clearing either (a stray value would have to carry the
+// 48-bit tag to be misread).
+constexpr unsigned long long kTicketTag = 0x6E7666703462ull;  // "nvfp4b"
+struct SplitWorkspace {
+  float* partial;                // (batch, splits, q_heads, D) O / l of each split
+  float* lse2;                   // (batch, splits, q_heads) max + log2(l) of each split
+  unsigned long long* tickets;   // (batch, kv heads)
+
+  __host__ __device__ static size_t bytes(int64_t batch, int64_t splits, int64_t q_heads, int64_t kv_heads, int head_dim,
+                                          size_t* tickets_at = nullptr) {
+    const size_t rows = size_t(batch) * splits * q_heads;
+    const size_t at = (rows * (head_dim + 1) * sizeof(float) + 15) / 16 * 16;
+    if (tickets_at) *tickets_at = at;
+    return at + size_t(batch) * kv_heads * sizeof(unsigned long long);
+  }
+  __device__ static SplitWorkspace of(const DecodeParams& p) {
+    const DecodeGeometry& g = p.geometry;
+    size_t at = 0;
+    bytes(p.args.batch.batch, g.splits, p.args.q_heads, p.layout.dims().heads, g.head_dim, &at);
+    char* base = static_cast<char*>(p.args.workspace);
+    float* partial = reinterpret_cast<float*>(base);
+    return {partial, partial + size_t(p.args.batch.batch) * g.splits * p.args.q_heads * g.head_dim,
+            reinterpret_cast<unsigned long long*>(base + at)};
+  }
+};
+
+// Counts this split as finished; true for the split that finished last (which
+// leaves the ticket at 0). Thread 0 of the block only, after the block's partials
+// were written and fenced.
+__device__ inline bool finish_split(unsigned long long* ticket, int splits) {
+  unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(ticket);
+  for (;;) {
+    const int done = (seen >> 16) == kTicketTag ? int(seen & 0xFFFFu) : 0;
+    const unsigned long long next = done + 1 == splits ? 0ull : (kTicketTag << 16) | unsigned(done + 1);
+    const unsigned long long was = atomicCAS(ticket, seen, next);
+    if (was == seen) return done + 1 == splits;
+    seen = was;
+  }
+}
+
+template <int kBlockThreads>
+__device__ float block_reduce_max_or_sum(bool max, float v, float* red, int tid) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float other = __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    v = max ? fmaxf(v, other) : v + other;
+  }
+  if (tid % 32 == 0) red[tid / 32] = v;
+  __syncthreads();
+  v = red[0];
+  for (int w = 1; w < kBlockThreads / 32; ++w) v = max ? fmaxf(v, red[w]) : v + red[w];
+  __syncthreads();  // red is reused
+  return v;
+}
+
+// Shared memory of one merge: carved from the stage area once the block is done with it.
+struct MergeSmem {
+  float* weight;  // (splits)
+  float* red;     // (warps)
+  float4* sums;   // (threads)
+  float4* rows;   // (rows_cap) partial rows of a chunk of splits
+  int rows_cap;
+};
+
+// Query head `head` of sequence `seq`: the splits' partials weighted by their
+// softmax denominators (and the sink), normalised, scaled by V's global scale,
+// written in the query's type; a NaN partial makes the row NaN. The partial rows
+// come into shared memory by cp.async through L2 only (other blocks wrote them;
+// this SM's L1 may hold an earlier call's), a chunk of splits with every copy in
+// flight, and each thread sums 4 columns over every `groups`-th split of the chunk.
+template <int kBlockThreads, ElementType kType>
+__device__ void merge_head(const DecodeParams& p, const SplitWorkspace& w, const MergeSmem& m, int64_t seq,
+                           int64_t head, int tid) {
+  const DecodeArgs& a = p.args;
+  const DecodeGeometry& g = p.geometry;
+  const int64_t dim = p.layout.dims().head_dim;
+  const int64_t row0 = seq * g.splits * a.q_heads + head;  // split k's partial: row0 + k * q_heads
+  float mx = kNegInf;
+  int nan_seen = 0;
+  for (int k = tid; k < g.splits; k += kBlockThreads) {
+    const float v = __ldcg(&w.lse2[row0 + k * a.q_heads]);
+    m.weight[k] = v;
+    nan_seen |= v != v;
+    mx = fmaxf(mx, v);
+  }
+  nan_seen = __syncthreads_or(nan_seen);
+  mx = block_reduce_max_or_sum<kBlockThreads>(true, mx, m.red, tid);
+  const float m_all = a.sinks ? fmaxf(mx, a.sinks[head] * kLog2e) : mx;
+  float part = 0;
+  for (int k = tid; k < g.splits; k += kBlockThreads) {
+    const float wk = mx == kNegInf ? 0.0f : exp2f(m.weight[k] - m_all);
+    m.weight[k] = wk;
+    part += wk;
+  }
+  float total = block_reduce_max_or_sum<kBlockThreads>(false, part, m.red, tid);  // its barriers publish weight[]
+  if (a.sinks) total += exp2f(a.sinks[head] * kLog2e - m_all);
+  const float out_scale = 16384.0f * *a.v_global_scale;
+  const float nan = __int_as_float(0x7FC00000);
+  const int slots = g.head_dim / 4, groups = kBlockThreads / slots;
+  const int slot = tid % slots, grp = tid / slots;
+  const int rows_per_chunk = m.rows_cap / slots;
+  const float4* x = reinterpret_cast<const float4*>(w.partial + row0 * g.head_dim);
+  const int64_t step = a.q_heads * g.head_dim / 4;
+  float4 o = make_float4(0, 0, 0, 0);
+  for (int k0 = 0; k0 < g.splits; k0 += rows_per_chunk) {
+    const int count = min(rows_per_chunk, g.splits - k0);
+    for (int i = tid; i < count * slots; i += kBlockThreads)
+      if (4 * (i % slots) < dim) copy_async_l2<16>(&m.rows[i], x + (k0 + i / slots) * step + i % slots);  // written columns only
+    commit_copies();
+    wait_copies<0>();
+    __syncthreads();
+    for (int r = grp; r < count && grp < groups && 4 * slot < dim; r += groups) {
+      const float wk = m.weight[k0 + r];
+      if (!(wk > 0)) continue;  // a split of weight 0 adds nothing, even a NaN
+      const float4 v = m.rows[r * slots + slot];
+      o.x = fmaf(v.x, wk, o.x), o.y = fmaf(v.y, wk, o.y), o.z = fmaf(v.z, wk, o.z), o.w = fmaf(v.w, wk, o.w);
+    }
+    __syncthreads();  // rows is refilled
+  }
+  m.sums[tid] = o;
+  __syncthreads();
+  if (grp == 0) {
+    for (int k = 1; k < groups; ++k) {
+      const float4 other = m.sums[k * slots + slot];
+      o.x += other.x, o.y += other.y, o.z += other.z, o.w += other.w;
+    }
+    const float r[4] = {o.x, o.y, o.z, o.w};
+    uint16_t* out = static_cast<uint16_t*>(a.out) + (seq * a.q_heads + head) * dim;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t col = 4 * slot + c;
+      if (col >= dim) break;
+      float value = total > 0 ? r[c] / total * out_scale : 0.0f;
+      if (nan_seen) value = nan;
+      out[col] = kType == ElementType::kBFloat16 ? __bfloat16_as_ushort(__float2bfloat16_rn(value))
+                                                 : __half_as_ushort(__float2half_rn(value));
+    }
+  }
+  if (a.lse && tid == 0)
+    a.lse[seq * a.q_heads + head] = nan_seen ? nan : total > 0 ? (m_all + log2f(total)) / kLog2e : kNegInf;
+  __syncthreads();  // m is reused by the next head
+}
+
 template <int kD, int kGroupRows, ElementType kType>
 __device__ void decode_device(const DecodeParams& p, char* smem_raw, const DecodeThread& th) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -543,10 +711,6 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   const int64_t n = d.tokens_per_page;
   Smem s;
   carve<kD>(smem_raw, g, n, &s);
-  // The merge (launched as a programmatic dependent) may start its blocks once
-  // every block here has started; it waits for this grid's end before reading.
-  if (g.splits > 1) allow_next_grid();
-
   // The block's span of its sequence.
   const SequenceLength len = sequence_length(a.batch, th.seq, n);
   Span span;
@@ -568,7 +732,12 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
 
   if (th.tid == 0) {
     s.flags[0] = 0;
-    for (int i = 0; i < g.stages; ++i) barrier_init(&s.landed[i], 1);
+    // Dense modes: the producer's one arrival carries the stage's bytes; row mode:
+    // every producer lane's arrival once its copies landed, and lane 0's once more.
+    for (int i = 0; i < g.stages; ++i) {
+      barrier_init(&s.full[i], g.dense ? 1 : 33);
+      barrier_init(&s.empty[i], kConsumerWarps);
+    }
     barrier_init_fence();
   }
   if (th.tid < kRegionCount) {
@@ -583,107 +752,105 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   block.load_pages();
   __syncthreads();  // page ids (and row mode's zeroed stages) in place
 
-  // The pipeline: stages j .. j + stages - 1 in flight while stage j is consumed.
-  // Dense modes wait on the slot's barrier (its phase flips at each reuse); row
-  // mode commits one cp.async group per stage (empty past the last), so "all but
-  // the newest stages - 1 groups done" means "stage j is in". The first stages
-  // load while the tables and the query are prepared.
-  for (int j = 0; j < g.stages; ++j) {
-    if (j < stages) block.issue(j, j);
-    if (!g.dense) commit_copies();
-  }
-  block.build_tables();
-  block.load_query(kgs);
-  __syncthreads();
-  block.store_query_fragments();
-  __syncthreads();
-
-  typename Block::QFrags qf;
-  const typename Block::Lane ln = block.lane_constants(qf);
-  typename Block::State state;
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) state.o[nt][mt][0] = state.o[nt][mt][1] = state.o[nt][mt][2] = state.o[nt][mt][3] = 0.0f;
-    state.m[nt][0] = state.m[nt][1] = kNegInf;
-    state.l[nt][0] = state.l[nt][1] = 0.0f;
-  }
-  const unsigned long long all_pages = g.pages_per_stage >= 64 ? ~0ull : (1ull << g.pages_per_stage) - 1;
-
-  // The span's token bounds relative to its first entry's first token, in 32 bits.
-  const int64_t base = span.first * n;
-  const int rel_lo = int(min(max(span.window_start - base, int64_t(-(1 << 30))), int64_t(1 << 30)));
-  const int rel_hi = int(min(max(span.length - base, int64_t(-(1 << 30))), int64_t(1 << 30)));
+  // From here the producer warp and the consumer warps run apart until the
+  // combine. Stage j goes to slot j % stages; its barriers' phase flips at each
+  // reuse of the slot. The producer starts at once, so the first stages land
+  // while the consumers prepare the tables and the query.
   const int stage_bytes = g.pages_per_stage * g.slot_bytes;
-  int slot = 0;
-  unsigned phase = 0;
-  for (int j = 0; j < stages; ++j) {
-    if (g.dense) {
-      // page_ok[slot] was written before the previous stage's closing barrier.
-      barrier_wait(&s.landed[slot], phase);
-    } else {
-      switch (g.stages) {
-        case 2: wait_copies<1>(); break;
-        case 3: wait_copies<2>(); break;
-        default: wait_copies<3>(); break;
-      }
-      __syncthreads();
+  if (th.warp == kProducerWarp) {
+    int slot = 0;
+    unsigned phase = 0;
+    for (int j = 0; j < stages; ++j) {
+      if (j >= g.stages) barrier_wait(&s.empty[slot], phase ^ 1);  // the consumers of stage j - stages are done
+      block.issue(j, slot);
+      if (++slot == g.stages) slot = 0, phase ^= 1;
     }
-    const uint8_t* st = s.stage + slot * stage_bytes;
-    const int t0 = j * block.stage_tokens;
-    StageMask mk;
-    mk.lo = min(max(rel_lo - t0, 0), block.stage_tokens);
-    mk.hi = min(max(rel_hi - t0, 0), block.stage_tokens);
-    mk.ok = s.page_ok[slot];
-    mk.all_ok = mk.ok == all_pages;
-    // At D 64 a warp takes its tiles in pairs (one softmax update per 32 tokens:
-    // -3.5 % there, run 29); at D 128 pairs measured no gain and a larger loop body.
-    int t = th.warp;
-    if constexpr (kD <= 64) {
-      for (; t + kWarps < block.tiles; t += 2 * kWarps) {
-        const int first[2] = {t * kTile, (t + kWarps) * kTile};
-        block.template take_tiles<2>(ln, qf, st, first, mk, state, a.softcap);
-      }
-    }
-    for (; t < block.tiles; t += kWarps) {
-      const int first[1] = {t * kTile};
-      block.template take_tiles<1>(ln, qf, st, first, mk, state, a.softcap);
-    }
-    __syncthreads();  // every warp is done with this slot
-    if (j + g.stages < stages) block.issue(j + g.stages, slot);
-    if (!g.dense) commit_copies();
-    if (++slot == g.stages) slot = 0, phase ^= 1;
-  }
-  if (!g.dense) wait_copies<0>();
+  } else {
+    block.build_tables();
+    block.load_query(kgs);
+    sync_threads(kConsumerBarrier, kConsumerThreads);
+    block.store_query_fragments();
+    sync_threads(kConsumerBarrier, kConsumerThreads);
 
-  // Combine the warps: (max, sum, O) of each query row, in the stage area.
-  float* cm = reinterpret_cast<float*>(s.stage);         // (warps, 16)
-  float* cl = cm + kWarps * 16;                          // (warps, 16)
-  float* co = cl + kWarps * 16;                          // (warps, 16, D)
-  __syncthreads();
-  const int gr = ln.g, c = ln.c;
+    typename Block::QFrags qf;
+    const typename Block::Lane ln = block.lane_constants(qf);
+    typename Block::State state;
 #pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) {
+    for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l = state.l[nt][h];
-      l += __shfl_xor_sync(0xFFFFFFFFu, l, 4);
-      l += __shfl_xor_sync(0xFFFFFFFFu, l, 8);
-      l += __shfl_xor_sync(0xFFFFFFFFu, l, 16);
-      const int row = 8 * nt + 2 * c + h;
-      if (gr == 0) cm[th.warp * 16 + row] = state.m[nt][h], cl[th.warp * 16 + row] = l;
+      for (int mt = 0; mt < kMTiles; ++mt) state.o[nt][mt][0] = state.o[nt][mt][1] = state.o[nt][mt][2] = state.o[nt][mt][3] = 0.0f;
+      state.m[nt][0] = state.m[nt][1] = kNegInf;
+      state.l[nt][0] = state.l[nt][1] = 0.0f;
     }
-    // Lane (g, c) holds O^T rows g * D / 8 + 2 mt (+ 1) for heads 8 nt + 2c (+ 1).
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int row = 8 * nt + 2 * c + (k & 1);
-        const int col = gr * kE + 2 * mt + (k >> 1);
-        co[(th.warp * 16 + row) * kD + col] = state.o[nt][mt][k];
+    const unsigned long long all_pages = g.pages_per_stage >= 64 ? ~0ull : (1ull << g.pages_per_stage) - 1;
+
+    // The span's token bounds relative to its first entry's first token, in 32 bits.
+    const int64_t base = span.first * n;
+    const int rel_lo = int(min(max(span.window_start - base, int64_t(-(1 << 30))), int64_t(1 << 30)));
+    const int rel_hi = int(min(max(span.length - base, int64_t(-(1 << 30))), int64_t(1 << 30)));
+    int slot = 0;
+    unsigned phase = 0;
+    for (int j = 0; j < stages; ++j) {
+      barrier_wait(&s.full[slot], phase);  // the stage's bytes and page_ok
+      const uint8_t* st = s.stage + slot * stage_bytes;
+      const int t0 = j * block.stage_tokens;
+      StageMask mk;
+      mk.lo = min(max(rel_lo - t0, 0), block.stage_tokens);
+      mk.hi = min(max(rel_hi - t0, 0), block.stage_tokens);
+      mk.ok = s.page_ok[slot];
+      mk.all_ok = mk.ok == all_pages;
+      // At D 64 a warp takes its tiles in pairs (one softmax update per 32 tokens:
+      // -3.5 % there, run 29); at D 128 pairs measured no gain and a larger loop body.
+      int t = th.warp;
+      if constexpr (kD <= 64) {
+        for (; t + kConsumerWarps < block.tiles; t += 2 * kConsumerWarps) {
+          const int first[2] = {t * kTile, (t + kConsumerWarps) * kTile};
+          block.template take_tiles<2>(ln, qf, st, first, mk, state, a.softcap);
+        }
       }
+      for (; t < block.tiles; t += kConsumerWarps) {
+        const int first[1] = {t * kTile};
+        block.template take_tiles<1>(ln, qf, st, first, mk, state, a.softcap);
+      }
+      __syncwarp();  // every lane's reads of the slot precede the warp's release
+      if (th.lane == 0) barrier_arrive(&s.empty[slot]);
+      if (++slot == g.stages) slot = 0, phase ^= 1;
+    }
+
+    // Combine the warps: (max, sum, O) of each query row, in the stage area, once
+    // every consumer is done with the stages (every stage issued was consumed, so
+    // no copy is in flight).
+    sync_threads(kConsumerBarrier, kConsumerThreads);
+    float* cm = reinterpret_cast<float*>(s.stage);  // (consumer warps, 16)
+    float* cl = cm + kConsumerWarps * 16;           // (consumer warps, 16)
+    float* co = cl + kConsumerWarps * 16;           // (consumer warps, 16, D)
+    const int gr = ln.g, c = ln.c;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float l = state.l[nt][h];
+        l += __shfl_xor_sync(0xFFFFFFFFu, l, 4);
+        l += __shfl_xor_sync(0xFFFFFFFFu, l, 8);
+        l += __shfl_xor_sync(0xFFFFFFFFu, l, 16);
+        const int row = 8 * nt + 2 * c + h;
+        if (gr == 0) cm[th.warp * 16 + row] = state.m[nt][h], cl[th.warp * 16 + row] = l;
+      }
+      // Lane (g, c) holds O^T rows g * D / 8 + 2 mt (+ 1) for heads 8 nt + 2c (+ 1).
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int row = 8 * nt + 2 * c + (k & 1);
+          const int col = gr * kE + 2 * mt + (k >> 1);
+          co[(th.warp * 16 + row) * kD + col] = state.o[nt][mt][k];
+        }
+    }
   }
-  __syncthreads();
+  __syncthreads();  // the producer joins: every warp's partial state is in place
+  const float* cm = reinterpret_cast<const float*>(s.stage);
+  const float* cl = cm + kConsumerWarps * 16;
+  const float* co = cl + kConsumerWarps * 16;
   const bool poisoned = !scales_ok || span.bad_length || s.flags[0] != 0;
   const int group = g.group;
   const float nan = __int_as_float(0x7FC00000);
@@ -691,10 +858,10 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   for (int idx = th.tid; idx < group * d.head_dim; idx += kThreads) {
     const int row = idx / int(d.head_dim), col = idx % int(d.head_dim);
     float mx = kNegInf;
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, cm[w * 16 + row]);
+    for (int w = 0; w < kConsumerWarps; ++w) mx = fmaxf(mx, cm[w * 16 + row]);
     float l = 0, o = 0;
     if (mx != kNegInf)
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < kConsumerWarps; ++w) {
         const float f = exp2f(cm[w * 16 + row] - mx);
         l += cl[w * 16 + row] * f;
         o += co[(w * 16 + row) * kD + col] * f;
@@ -718,147 +885,50 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
       if (a.lse && col == 0) a.lse[th.seq * a.q_heads + head] = lse;
     } else {
       // A partial: O / l and log2(l) + max, per (sequence, split, query head).
-      float* ws = static_cast<float*>(a.workspace);
+      const SplitWorkspace w = SplitWorkspace::of(p);
       const int64_t part = (th.seq * g.splits + th.split) * a.q_heads + head;
-      ws[part * kD + col] = poisoned ? nan : (l > 0 ? o / l : 0.0f);
-      if (col == 0) {
-        float* lse2 = ws + int64_t(a.batch.batch) * g.splits * a.q_heads * kD;
-        lse2[part] = poisoned ? nan : (l > 0 ? mx + log2f(l) : kNegInf);
-      }
+      w.partial[part * kD + col] = poisoned ? nan : (l > 0 ? o / l : 0.0f);
+      if (col == 0) w.lse2[part] = poisoned ? nan : (l > 0 ? mx + log2f(l) : kNegInf);
     }
   }
+  if (g.splits == 1) return;
+  // The split that finishes last merges its group's heads (the partials of every
+  // split are written and fenced before each counts itself finished).
+  __threadfence();
+  __syncthreads();  // every thread's partials written and fenced; the combine area is free
+  const SplitWorkspace w = SplitWorkspace::of(p);
+  int* last = s.flags + 1;
+  if (th.tid == 0) *last = finish_split(&w.tickets[th.seq * d.heads + th.kv_head], g.splits);
+  __syncthreads();
+  if (!*last) return;
+  __threadfence();  // the other splits' partials, seen through their fences
+  Carve c;
+  MergeSmem m;
+  char* area = reinterpret_cast<char*>(s.stage);
+  m.weight = c.take<float>(area, g.splits);
+  m.red = c.take<float>(area, kThreads / 32);
+  m.sums = c.take<float4>(area, kThreads);
+  const size_t used = c.at;
+  m.rows = c.take<float4>(area, 0);
+  m.rows_cap = int(std::min<size_t>((stage_area<kD>(g) - used) / sizeof(float4), 1 << 16));
+  for (int r = 0; r < group; ++r) merge_head<kThreads, kType>(p, w, m, th.seq, th.kv_head * group + r, th.tid);
 #endif
 }
 
-// Blocks per SM the register budget aims at: the O^T accumulators grow with D
-// and the group (two n-tiles of heads at groups above 8).
-template <int kD, int kGroupRows>
-constexpr int min_blocks() {
-  return kGroupRows == 16 ? (kD <= 128 ? 3 : 2) : (kD <= 128 ? 4 : 3);
+// Blocks per SM the register budget aims at: two (16 consumer warps per SM) where
+// the O^T accumulators are small, one at D 256 or two n-tiles of heads (groups
+// above 8), whose accumulators need more than 112 registers.
+__host__ __device__ constexpr int min_blocks(int head_dim, int group_rows) {
+  return head_dim <= 128 && group_rows <= 8 ? 2 : 1;
 }
 
 template <int kD, int kGroupRows, ElementType kType>
-__global__ void __launch_bounds__(kThreads, (min_blocks<kD, kGroupRows>())) decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, min_blocks(kD, kGroupRows)) decode_kernel(const __grid_constant__ DecodeParams p) {
 #if NVFP4KV_KERNEL_ARCH_SUPPORTED
   extern __shared__ __align__(128) char smem[];
   const DecodeThread th{int(threadIdx.x), int(threadIdx.x) / 32, int(threadIdx.x) % 32, int64_t(blockIdx.x),
                         int64_t(blockIdx.y), int64_t(blockIdx.z)};
   decode_device<kD, kGroupRows, kType>(p, smem, th);
-#else
-  __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
-#endif
-}
-
-// One thread block per (query head, sequence), launched as a programmatic
-// dependent of the decode grid: the splits' partials weighted by their softmax
-// denominators (and the sink), normalised, scaled by V's global scale, written in
-// the query's type. The splits' weights are computed once into shared memory
-// (threads over splits); the partial rows then come into shared memory by
-// cp.async, a chunk of splits at a time with every copy in flight, and each
-// thread sums 4 columns over every `groups`-th split of the chunk before the
-// groups meet in shared memory.
-constexpr int kMergeThreads = 128;
-constexpr int kMaxSplits = 256;
-
-template <bool kMax>
-__device__ float block_reduce(float v, float* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float other = __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    v = kMax ? fmaxf(v, other) : v + other;
-  }
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = red[0];
-  for (int w = 1; w < kMergeThreads / 32; ++w) v = kMax ? fmaxf(v, red[w]) : v + red[w];
-  __syncthreads();  // red is reused
-  return v;
-}
-
-template <ElementType kType>
-__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const __grid_constant__ DecodeParams p) {
-#if NVFP4KV_KERNEL_ARCH_SUPPORTED
-  __shared__ float weight[kMaxSplits];
-  __shared__ float red[kMergeThreads / 32];
-  __shared__ float4 rows[2048];  // 32 KB of partial rows: 64 splits at D 128
-  wait_for_prior_grid();  // the decode grid's partials are complete and visible
-  const DecodeArgs& a = p.args;
-  const DecodeGeometry& g = p.geometry;
-  const int64_t head = blockIdx.x, seq = blockIdx.y;
-  const int64_t dim = p.layout.dims().head_dim;
-  const float* ws = static_cast<const float*>(a.workspace);
-  const float* lse2 = ws + int64_t(a.batch.batch) * g.splits * a.q_heads * g.head_dim;
-  const int64_t row0 = seq * g.splits * a.q_heads + head;  // split k's partial: row0 + k * q_heads
-  float mx = kNegInf;
-  int nan_seen = 0;
-  for (int k = threadIdx.x; k < g.splits; k += kMergeThreads) {
-    const float v = lse2[row0 + k * a.q_heads];
-    weight[k] = v;
-    nan_seen |= v != v;
-    mx = fmaxf(mx, v);
-  }
-  nan_seen = __syncthreads_or(nan_seen);
-  mx = block_reduce<true>(mx, red);
-  const float m_all = a.sinks ? fmaxf(mx, a.sinks[head] * kLog2e) : mx;
-  float part = 0;
-  for (int k = threadIdx.x; k < g.splits; k += kMergeThreads) {
-    const float w = mx == kNegInf ? 0.0f : exp2f(weight[k] - m_all);
-    weight[k] = w;
-    part += w;
-  }
-  float total = block_reduce<false>(part, red);  // its barriers also publish weight[]
-  if (a.sinks) total += exp2f(a.sinks[head] * kLog2e - m_all);
-  const float out_scale = 16384.0f * *a.v_global_scale;
-  const float nan = __int_as_float(0x7FC00000);
-  // The weighted sum over the splits. The partial rows come into shared memory by
-  // cp.async, a chunk of splits at a time with every copy in flight at once (loads
-  // into registers were scheduled one or two at a time: ~0.15 us per split at
-  // batch 1). A thread then owns 4 columns (one float4 of a row) and every
-  // `groups`-th split of the chunk; the groups' sums meet in shared memory below.
-  // A split of weight 0 adds nothing, even a NaN.
-  const int slots = g.head_dim / 4, groups = kMergeThreads / slots;
-  const int slot = threadIdx.x % slots, grp = threadIdx.x / slots;
-  const int rows_per_chunk = int(sizeof(rows) / sizeof(float4)) / slots;
-  const float4* x = reinterpret_cast<const float4*>(ws + row0 * g.head_dim);
-  const int64_t step = a.q_heads * g.head_dim / 4;
-  float4 o = make_float4(0, 0, 0, 0);
-  for (int k0 = 0; k0 < g.splits; k0 += rows_per_chunk) {
-    const int count = min(rows_per_chunk, g.splits - k0);
-    for (int i = threadIdx.x; i < count * slots; i += kMergeThreads)
-      if (4 * (i % slots) < dim) copy_async<16>(&rows[i], x + (k0 + i / slots) * step + i % slots);  // written columns only
-    commit_copies();
-    wait_copies<0>();
-    __syncthreads();
-    for (int r = grp; r < count && 4 * slot < dim; r += groups) {
-      const float w = weight[k0 + r];
-      if (!(w > 0)) continue;
-      const float4 v = rows[r * slots + slot];
-      o.x = fmaf(v.x, w, o.x), o.y = fmaf(v.y, w, o.y), o.z = fmaf(v.z, w, o.z), o.w = fmaf(v.w, w, o.w);
-    }
-    __syncthreads();  // rows is refilled
-  }
-  __shared__ float4 sums[kMergeThreads];
-  sums[threadIdx.x] = o;
-  __syncthreads();
-  if (grp == 0) {
-    for (int k = 1; k < groups; ++k) {
-      const float4 other = sums[k * slots + slot];
-      o.x += other.x, o.y += other.y, o.z += other.z, o.w += other.w;
-    }
-    const float r[4] = {o.x, o.y, o.z, o.w};
-    uint16_t* out = static_cast<uint16_t*>(a.out) + (seq * a.q_heads + head) * dim;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int64_t col = 4 * slot + c;
-      if (col >= dim) break;
-      float value = total > 0 ? r[c] / total * out_scale : 0.0f;
-      if (nan_seen) value = nan;
-      out[col] = kType == ElementType::kBFloat16 ? __bfloat16_as_ushort(__float2bfloat16_rn(value))
-                                                 : __half_as_ushort(__float2half_rn(value));
-    }
-  }
-  if (a.lse && threadIdx.x == 0)
-    a.lse[seq * a.q_heads + head] = nan_seen ? nan : total > 0 ? (m_all + log2f(total)) / kLog2e : kNegInf;
 #else
   __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
 #endif
@@ -871,21 +941,7 @@ cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   const dim3 grid{unsigned(p.geometry.splits), unsigned(p.layout.dims().heads), unsigned(p.args.batch.batch)};
   kernel<<<grid, kThreads, p.geometry.smem_bytes, stream>>>(p);
-  if ((e = cudaGetLastError()) != cudaSuccess || p.geometry.splits == 1) return e;
-  // The merge as a programmatic dependent launch: its blocks are scheduled while
-  // the decode grid's last blocks run and wait in griddepcontrol.wait, so the
-  // launch gap between the two kernels leaves the critical path (stream order and
-  // CUDA-graph capture are kept).
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3{unsigned(p.args.q_heads), unsigned(p.args.batch.batch)};
-  config.blockDim = dim3{unsigned(kMergeThreads)};
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, merge_kernel<kType>, p);
+  return cudaGetLastError();
 }
 
 // Runs op.run<kD, kGroupRows, kType>() for the call's head dim, GQA rows and type.
@@ -971,13 +1027,12 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
   // wait, barrier and bookkeeping spread over more tokens; run 26: -5 to -7 %), at
   // most 64 pages (page_ok is a 64-bit mask: one token per page makes 64-token stages).
   g.pages_per_stage = int(std::clamp<int64_t>((g.head_dim <= 64 ? 256 : 128) / d.tokens_per_page, 1, 64));
-  const int stage_bytes = g.pages_per_stage * g.slot_bytes;
-  g.stages = std::clamp(int((40 << 10) / stage_bytes), 2, 4);
 
-  int device = 0, sms = 0, max_smem = 0;
+  int device = 0, sms = 0, max_smem = 0, sm_smem = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
   if (e != cudaSuccess) return e;
   const auto smem_of = [&](const DecodeGeometry& geo) {
     size_t bytes = 0;
@@ -991,7 +1046,14 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
   // Shared memory holds the page ids of one split: size it for the largest split possible.
   const int64_t stride = p.args.batch.block_table_stride;
   g.entries_per_split = std::min<int64_t>(kMaxSplitEntries, (stride + g.pages_per_stage - 1) / g.pages_per_stage * g.pages_per_stage);
-  while (g.stages > 2 && smem_of(g) > max_smem) --g.stages;
+  // As many stages in flight as fit beside the instance's other blocks on an SM
+  // (each block's shared memory also costs 1 KB of the SM's), at least two.
+  const int budget = std::min(max_smem, sm_smem / min_blocks(g.head_dim, g.group > 8 ? 16 : 8) - 1024);
+  g.stages = 2;
+  for (DecodeGeometry more = g; more.stages < kMaxStages; g.stages = more.stages) {
+    ++more.stages;
+    if (smem_of(more) > budget) break;
+  }
   g.smem_bytes = smem_of(g);
   if (g.smem_bytes > max_smem) {
     *unsupported = "decode attention needs " + std::to_string(g.smem_bytes) + " bytes of shared memory at " +
@@ -1010,7 +1072,7 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
   const int64_t stage_entries = (entries + g.pages_per_stage - 1) / g.pages_per_stage;
   // Cost in stage times: each block pays about kFill stages to start its pipeline
   // and finish (tables, query, first loads, combine), a split call one more for the merge.
-  constexpr double kFill = 4.0, kMerge = 2.0;
+  constexpr double kFill = 4.0, kMerge = 1.0;  // the merge: the last split block merges its group
   const int64_t min_splits = (entries + kMaxSplitEntries - 1) / kMaxSplitEntries;
   int64_t best_splits = 0;
   double best = 1e300;
@@ -1029,8 +1091,7 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
   }
   g.splits = int(best_splits);
   g.entries_per_split = ((stage_entries + best_splits - 1) / best_splits) * g.pages_per_stage;
-  if (g.splits > 1)
-    g.workspace_bytes = size_t(p.args.batch.batch) * g.splits * p.args.q_heads * (g.head_dim + 1) * sizeof(float);
+  if (g.splits > 1) g.workspace_bytes = SplitWorkspace::bytes(p.args.batch.batch, g.splits, p.args.q_heads, d.heads, g.head_dim);
   return cudaSuccess;
 }
 
