@@ -45,16 +45,12 @@ namespace decode {
 // Warp-specialized: kConsumerWarps warps take the stages' tiles, one producer
 // warp fills the stages; they meet only on per-stage barriers (full: the stage
 // landed; empty: every consumer warp is done with it), never on a block barrier.
-constexpr int kConsumerWarps = 8;
+using decode_limits::kConsumerWarps, decode_limits::kTile, decode_limits::kMaxStageTokens, decode_limits::kMaxStages,
+    decode_limits::kMaxSplits, decode_limits::kMaxSplitEntries;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 [[maybe_unused]] constexpr int kProducerWarp = kConsumerWarps;
 constexpr int kThreads = kConsumerThreads + 32;
-constexpr int kMaxStages = 8;
-constexpr int kMaxSplits = 256;
 [[maybe_unused]] constexpr int kConsumerBarrier = 1;  // hardware barrier id of the consumers' own syncs
-constexpr int kTile = 16;           // tokens a warp takes at a time
-constexpr int kMaxStageTokens = 256;
-constexpr int64_t kMaxSplitEntries = 4096;  // block-table entries one block reads (page ids kept in shared memory)
 [[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f;
 [[maybe_unused]] constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -565,17 +561,10 @@ struct SplitWorkspace {
   float* lse2;                   // (batch, splits, q_heads) max + log2(l) of each split
   unsigned long long* tickets;   // (batch, kv heads)
 
-  __host__ __device__ static size_t bytes(int64_t batch, int64_t splits, int64_t q_heads, int64_t kv_heads, int head_dim,
-                                          size_t* tickets_at = nullptr) {
-    const size_t rows = size_t(batch) * splits * q_heads;
-    const size_t at = (rows * (head_dim + 1) * sizeof(float) + 15) / 16 * 16;
-    if (tickets_at) *tickets_at = at;
-    return at + size_t(batch) * kv_heads * sizeof(unsigned long long);
-  }
   __device__ static SplitWorkspace of(const DecodeParams& p) {
     const DecodeGeometry& g = p.geometry;
     size_t at = 0;
-    bytes(p.args.batch.batch, g.splits, p.args.q_heads, p.layout.dims().heads, g.head_dim, &at);
+    decode_split_workspace_bytes(p.args.batch.batch, g.splits, p.args.q_heads, p.layout.dims().heads, g.head_dim, &at);
     char* base = static_cast<char*>(p.args.workspace);
     float* partial = reinterpret_cast<float*>(base);
     return {partial, partial + size_t(p.args.batch.batch) * g.splits * p.args.q_heads * g.head_dim,
@@ -915,15 +904,9 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
 #endif
 }
 
-// Blocks per SM the register budget aims at: two (16 consumer warps per SM) where
-// the O^T accumulators are small, one at D 256 or two n-tiles of heads (groups
-// above 8), whose accumulators need more than 112 registers.
-__host__ __device__ constexpr int min_blocks(int head_dim, int group_rows) {
-  return head_dim <= 128 && group_rows <= 8 ? 2 : 1;
-}
 
 template <int kD, int kGroupRows, ElementType kType>
-__global__ void __launch_bounds__(kThreads, min_blocks(kD, kGroupRows)) decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, decode_blocks_per_sm(kD, kGroupRows)) decode_kernel(const __grid_constant__ DecodeParams p) {
 #if NVFP4KV_KERNEL_ARCH_SUPPORTED
   extern __shared__ __align__(128) char smem[];
   const DecodeThread th{int(threadIdx.x), int(threadIdx.x) / 32, int(threadIdx.x) % 32, int64_t(blockIdx.x),
@@ -985,113 +968,36 @@ struct OccupancyOp {
 
 cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
   using namespace decode;
-  const CacheDims& d = p.layout.dims();
-  DecodeGeometry& g = p.geometry;
-  g = DecodeGeometry{};
-  g.head_dim = d.head_dim <= 64 ? 64 : d.head_dim <= 128 ? 128 : 256;
-  if (d.head_dim > 256) {
-    *unsupported = "decode attention supports head dims up to 256, got " + std::to_string(d.head_dim);
-    return cudaSuccess;
-  }
-  if (d.tokens_per_page > kMaxStageTokens) {
-    *unsupported = "decode attention supports up to " + std::to_string(kMaxStageTokens) + " tokens per page, got " +
-                   std::to_string(d.tokens_per_page);
-    return cudaSuccess;
-  }
-  g.group = int(p.args.q_heads / d.heads);
-  // Dense planes: every region's (page, head) tile one contiguous, 16-byte aligned
-  // plane whose size is a multiple of 16, data rows 16-byte aligned inside it.
-  g.dense = d.head_dim == g.head_dim;
-  for (int ri = 0; ri < kRegionCount; ++ri) {
-    const Region r = Region(ri);
-    const RegionAccess& acc = p.layout.access(r);
-    g.dense = g.dense && acc.dense_plane && acc.plane_align >= 16 && (d.tokens_per_page * d.columns(r)) % 16 == 0;
-    if (!is_scale(r)) g.dense = g.dense && acc.vector_bytes >= 16;
-  }
-  const int data_plane = int(d.tokens_per_page) * g.head_dim / 2;
-  const int scale_plane = (int(d.tokens_per_page) * g.head_dim / 16 + 15) / 16 * 16;
-  g.plane_offset[int(Region::kKData)] = 0;
-  g.plane_offset[int(Region::kKScale)] = data_plane;
-  g.plane_offset[int(Region::kVData)] = data_plane + scale_plane;
-  g.plane_offset[int(Region::kVScale)] = 2 * data_plane + scale_plane;
-  g.slot_bytes = 2 * (data_plane + scale_plane);
-  // One span per (page, head): every region on the same page and head strides, at
-  // its plane's offset from K's data.
-  g.span = g.dense;
-  for (int ri = 0; ri < kRegionCount; ++ri) {
-    const RegionMap& m = p.layout.region(Region(ri)), &k = p.layout.region(Region::kKData);
-    g.span = g.span && m.buffer == k.buffer && m.layer == k.layer && m.page == k.page && m.head == k.head &&
-             m.offset - k.offset == g.plane_offset[ri];
-  }
-  // 128-token stages (256 at D 64, whose tokens are half the bytes: the per-stage
-  // wait, barrier and bookkeeping spread over more tokens; run 26: -5 to -7 %), at
-  // most 64 pages (page_ok is a 64-bit mask: one token per page makes 64-token stages).
-  g.pages_per_stage = int(std::clamp<int64_t>((g.head_dim <= 64 ? 256 : 128) / d.tokens_per_page, 1, 64));
-
-  int device = 0, sms = 0, max_smem = 0, sm_smem = 0;
+  DecodeDeviceFacts dev;
+  int device = 0;
   cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&dev.sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&dev.max_smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&dev.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
   if (e != cudaSuccess) return e;
-  const auto smem_of = [&](const DecodeGeometry& geo) {
+  const int64_t n = p.layout.dims().tokens_per_page;
+  DecodeKernelFacts kernel;
+  kernel.smem_bytes = [n](const DecodeGeometry& geo) {
     size_t bytes = 0;
     switch (geo.head_dim) {
-      case 64: bytes = carve<64>(nullptr, geo, d.tokens_per_page, nullptr); break;
-      case 128: bytes = carve<128>(nullptr, geo, d.tokens_per_page, nullptr); break;
-      default: bytes = carve<256>(nullptr, geo, d.tokens_per_page, nullptr); break;
+      case 64: bytes = carve<64>(nullptr, geo, n, nullptr); break;
+      case 128: bytes = carve<128>(nullptr, geo, n, nullptr); break;
+      default: bytes = carve<256>(nullptr, geo, n, nullptr); break;
     }
-    return int(bytes + 128);
+    return int(bytes + 128);  // the dynamic area's base is aligned up to 128 bytes
   };
-  // Shared memory holds the page ids of one split: size it for the largest split possible.
-  const int64_t stride = p.args.batch.block_table_stride;
-  g.entries_per_split = std::min<int64_t>(kMaxSplitEntries, (stride + g.pages_per_stage - 1) / g.pages_per_stage * g.pages_per_stage);
-  // As many stages in flight as fit beside the instance's other blocks on an SM
-  // (each block's shared memory also costs 1 KB of the SM's), at least two.
-  const int budget = std::min(max_smem, sm_smem / min_blocks(g.head_dim, g.group > 8 ? 16 : 8) - 1024);
-  g.stages = 2;
-  for (DecodeGeometry more = g; more.stages < kMaxStages; g.stages = more.stages) {
-    ++more.stages;
-    if (smem_of(more) > budget) break;
+  kernel.blocks_per_sm = [&](const DecodeGeometry& geo) {
+    DecodeParams q = p;
+    q.geometry = geo;
+    int per_sm = 0;
+    e = dispatch(q, OccupancyOp{geo, &per_sm});
+    return e == cudaSuccess ? per_sm : -1;
+  };
+  *unsupported = nvfp4kv::plan_decode_geometry(p.layout, p.args, dev, kernel, &p.geometry);
+  if (e != cudaSuccess) {
+    unsupported->clear();
+    return e;
   }
-  g.smem_bytes = smem_of(g);
-  if (g.smem_bytes > max_smem) {
-    *unsupported = "decode attention needs " + std::to_string(g.smem_bytes) + " bytes of shared memory at " +
-                   std::to_string(d.tokens_per_page) + " tokens per page and head dim " + std::to_string(d.head_dim) +
-                   "; this GPU offers " + std::to_string(max_smem);
-    return cudaSuccess;
-  }
-  // Split each sequence's block table so that batch x kv heads x splits blocks fill
-  // the GPU in few waves: the cost model is waves x entries per block (the lengths
-  // are not known here, the stride bounds them).
-  int per_sm = 1;
-  if ((e = dispatch(p, OccupancyOp{g, &per_sm})) != cudaSuccess) return e;
-  const int64_t slots = int64_t(sms) * std::max(per_sm, 1);
-  const int64_t blocks = p.args.batch.batch * d.heads;
-  const int64_t entries = p.args.batch.block_table_stride;
-  const int64_t stage_entries = (entries + g.pages_per_stage - 1) / g.pages_per_stage;
-  // Cost in stage times: each block pays about kFill stages to start its pipeline
-  // and finish (tables, query, first loads, combine), a split call one more for the merge.
-  constexpr double kFill = 4.0, kMerge = 1.0;  // the merge: the last split block merges its group
-  const int64_t min_splits = (entries + kMaxSplitEntries - 1) / kMaxSplitEntries;
-  int64_t best_splits = 0;
-  double best = 1e300;
-  for (int64_t sp = 1; sp <= std::min<int64_t>(stage_entries, kMaxSplits); ++sp) {
-    const int64_t per = (stage_entries + sp - 1) / sp;  // stages per block
-    const int64_t used = (stage_entries + per - 1) / per;
-    if (used != sp || sp < min_splits || per * g.pages_per_stage > kMaxSplitEntries) continue;
-    const int64_t waves = (blocks * sp + slots - 1) / slots;
-    const double cost = double(waves) * (double(per) + kFill) + (sp > 1 ? kMerge : 0.0);
-    if (cost < best - 1e-9) best = cost, best_splits = sp;
-  }
-  if (best_splits == 0) {
-    *unsupported = "a block table of " + std::to_string(entries) + " entries needs more than 256 splits of at most " +
-                   std::to_string(kMaxSplitEntries) + " entries";
-    return cudaSuccess;
-  }
-  g.splits = int(best_splits);
-  g.entries_per_split = ((stage_entries + best_splits - 1) / best_splits) * g.pages_per_stage;
-  if (g.splits > 1) g.workspace_bytes = SplitWorkspace::bytes(p.args.batch.batch, g.splits, p.args.q_heads, d.heads, g.head_dim);
   return cudaSuccess;
 }
 

@@ -1,0 +1,83 @@
+#pragma once
+// How a decode-attention call runs, chosen on the host from its shape alone
+// (never from the lengths, which live on the device): the same inputs give the
+// same geometry, so a captured graph stays valid. Plain C++, so the choices
+// (stage shape, stages in flight, the split of each block table, the split
+// workspace) are tested on the CPU; the kernel side supplies only what it alone
+// knows (a block's shared memory, blocks per SM) and the device's sizes.
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "nvfp4kv/core/config.hpp"
+#include "nvfp4kv/core/layout_view.hpp"
+#include "nvfp4kv/core/ops.hpp"
+
+namespace nvfp4kv {
+
+// The decode kernel's fixed shape, which the planner sizes stages and splits by.
+namespace decode_limits {
+constexpr int kTile = 16;               // tokens a consumer warp takes at a time
+constexpr int kConsumerWarps = 8;       // warps that take tiles; one more warp fills the stages
+constexpr int kMaxStageTokens = 256;    // tokens of one stage (and of one page)
+constexpr int kMaxStagePages = 64;      // pages of one stage (its loaded-page mask is 64 bits)
+constexpr int kMaxStages = 8;           // stages in flight
+constexpr int kMaxSplits = 256;         // thread blocks per (sequence, kv head)
+constexpr int64_t kMaxSplitEntries = 4096;  // block-table entries one block reads (page ids kept in shared memory)
+}  // namespace decode_limits
+
+// Blocks per SM the kernel's register budget aims at: two (16 consumer warps per
+// SM) where the O^T accumulators are small, one at D 256 or with two n-tiles of
+// query heads (groups above 8).
+NVFP4KV_HD constexpr int decode_blocks_per_sm(int head_dim, int group_rows) {
+  return head_dim <= 128 && group_rows <= 8 ? 2 : 1;
+}
+
+struct DecodeGeometry {
+  int head_dim = 0;         // the instance's D: 64, 128 or 256 (a smaller D is zero-padded up to it)
+  int group = 1;            // query heads per kv head
+  int splits = 1;           // thread blocks per (sequence, kv head)
+  int64_t entries_per_split = 0;  // block-table entries each reads (a multiple of pages_per_stage)
+  int pages_per_stage = 1;  // pages copied into one shared-memory stage
+  int stages = 2;           // stages in flight
+  bool dense = false;       // pages copied as whole planes by bulk copies (else row by row)
+  bool span = false;        // dense, and a (page, head)'s four planes lie back to back as in a page slot:
+                            // one contiguous copy per page
+  int plane_offset[kRegionCount] = {};  // bytes of each region's plane inside a page slot
+  int slot_bytes = 0;       // one page's four planes
+  int smem_bytes = 0;       // dynamic shared memory of one thread block
+  size_t workspace_bytes = 0;  // split partials and tickets (0 when splits == 1)
+};
+
+// The workspace of a split call: each split's partial (O / l, D floats) and its
+// log-sum-exp per (sequence, query head), then a 64-bit ticket per (sequence, kv
+// head) at *tickets_at, 16-byte aligned.
+NVFP4KV_HD size_t decode_split_workspace_bytes(int64_t batch, int64_t splits, int64_t q_heads, int64_t kv_heads,
+                                                      int head_dim, size_t* tickets_at = nullptr) {
+  const size_t rows = size_t(batch) * size_t(splits) * size_t(q_heads);
+  const size_t at = (rows * (size_t(head_dim) + 1) * sizeof(float) + 15) / 16 * 16;
+  if (tickets_at) *tickets_at = at;
+  return at + size_t(batch) * size_t(kv_heads) * sizeof(unsigned long long);
+}
+
+struct DecodeDeviceFacts {
+  int sms = 0;
+  int max_smem_per_block = 0;  // opt-in limit of one block
+  int smem_per_sm = 0;
+};
+
+// What only the kernel side knows: a block's dynamic shared memory at a geometry,
+// and how many such blocks fit on one SM (< 0: the query failed; planning stops).
+struct DecodeKernelFacts {
+  std::function<int(const DecodeGeometry&)> smem_bytes;
+  std::function<int(const DecodeGeometry&)> blocks_per_sm;
+};
+
+// Fills *out from the layout and the call's shape (args: q_heads, batch.batch,
+// batch.block_table_stride). Returns "" or why this shape is unsupported; a
+// failed blocks_per_sm query returns "blocks_per_sm failed".
+std::string plan_decode_geometry(const LayoutView& layout, const DecodeArgs& args, const DecodeDeviceFacts& device,
+                                 const DecodeKernelFacts& kernel, DecodeGeometry* out);
+
+}  // namespace nvfp4kv

@@ -1,0 +1,103 @@
+// The decode planner: stage shape, stages in flight and the split of each block
+// table, from the shape and what the kernel side reports (core/decode_plan.hpp).
+#include "nvfp4kv/core/decode_plan.hpp"
+
+#include <algorithm>
+
+namespace nvfp4kv {
+
+std::string plan_decode_geometry(const LayoutView& layout, const DecodeArgs& args, const DecodeDeviceFacts& device,
+                                 const DecodeKernelFacts& kernel, DecodeGeometry* out) {
+  using namespace decode_limits;
+  const CacheDims& d = layout.dims();
+  DecodeGeometry g;
+  if (d.head_dim > 256) return "decode attention supports head dims up to 256, got " + std::to_string(d.head_dim);
+  if (d.tokens_per_page > kMaxStageTokens)
+    return "decode attention supports up to " + std::to_string(kMaxStageTokens) + " tokens per page, got " +
+           std::to_string(d.tokens_per_page);
+  g.head_dim = d.head_dim <= 64 ? 64 : d.head_dim <= 128 ? 128 : 256;
+  g.group = int(args.q_heads / d.heads);
+  // Dense planes: every region's (page, head) tile one contiguous, 16-byte aligned
+  // plane whose size is a multiple of 16, data rows 16-byte aligned inside it.
+  g.dense = d.head_dim == g.head_dim;
+  for (int ri = 0; ri < kRegionCount; ++ri) {
+    const Region r = Region(ri);
+    const RegionAccess& acc = layout.access(r);
+    g.dense = g.dense && acc.dense_plane && acc.plane_align >= 16 && (d.tokens_per_page * d.columns(r)) % 16 == 0;
+    if (!is_scale(r)) g.dense = g.dense && acc.vector_bytes >= 16;
+  }
+  // The page slot: the four canonical planes, scale planes padded to 16 bytes.
+  const int data_plane = int(d.tokens_per_page) * g.head_dim / 2;
+  const int scale_plane = (int(d.tokens_per_page) * g.head_dim / 16 + 15) / 16 * 16;
+  g.plane_offset[int(Region::kKData)] = 0;
+  g.plane_offset[int(Region::kKScale)] = data_plane;
+  g.plane_offset[int(Region::kVData)] = data_plane + scale_plane;
+  g.plane_offset[int(Region::kVScale)] = 2 * data_plane + scale_plane;
+  g.slot_bytes = 2 * (data_plane + scale_plane);
+  // One span per (page, head): every region on the same page and head strides, at
+  // its plane's offset from K's data.
+  g.span = g.dense;
+  for (int ri = 0; ri < kRegionCount; ++ri) {
+    const RegionMap& m = layout.region(Region(ri)), &k = layout.region(Region::kKData);
+    g.span = g.span && m.buffer == k.buffer && m.layer == k.layer && m.page == k.page && m.head == k.head &&
+             m.offset - k.offset == g.plane_offset[ri];
+  }
+  // A stage is one tile per consumer warp (two at D 64, whose tokens are half the
+  // bytes: the per-stage wait and bookkeeping spread over more tokens), at most 64
+  // pages (one token per page makes 64-token stages).
+  const int stage_target = kTile * kConsumerWarps * (g.head_dim <= 64 ? 2 : 1);
+  g.pages_per_stage = int(std::clamp<int64_t>(stage_target / d.tokens_per_page, 1, kMaxStagePages));
+  // Shared memory holds the page ids of one split: size it for the largest split possible.
+  const int64_t stride = args.batch.block_table_stride;
+  g.entries_per_split =
+      std::min<int64_t>(kMaxSplitEntries, (stride + g.pages_per_stage - 1) / g.pages_per_stage * g.pages_per_stage);
+  // As many stages in flight as fit beside the instance's other blocks on an SM
+  // (each block's shared memory also costs 1 KB of the SM's), at least two.
+  const int budget = std::min(device.max_smem_per_block,
+                              device.smem_per_sm / decode_blocks_per_sm(g.head_dim, g.group > 8 ? 16 : 8) - 1024);
+  g.stages = 2;
+  for (DecodeGeometry more = g; more.stages < kMaxStages; g.stages = more.stages) {
+    ++more.stages;
+    if (kernel.smem_bytes(more) > budget) break;
+  }
+  g.smem_bytes = kernel.smem_bytes(g);
+  if (g.smem_bytes > device.max_smem_per_block)
+    return "decode attention needs " + std::to_string(g.smem_bytes) + " bytes of shared memory at " +
+           std::to_string(d.tokens_per_page) + " tokens per page and head dim " + std::to_string(d.head_dim) +
+           "; this GPU offers " + std::to_string(device.max_smem_per_block);
+
+  // Split each sequence's block table so that batch x kv heads x splits blocks fill
+  // the GPU in few waves: the cost model is waves x entries per block (the lengths
+  // are not known here, the stride bounds them).
+  const int per_sm = kernel.blocks_per_sm(g);
+  if (per_sm < 0) return "blocks_per_sm failed";
+  const int64_t slots = int64_t(device.sms) * std::max(per_sm, 1);
+  const int64_t blocks = args.batch.batch * d.heads;
+  const int64_t stage_entries = (stride + g.pages_per_stage - 1) / g.pages_per_stage;
+  // Cost in stage times: each block pays about kFill stages to start its pipeline
+  // and finish (tables, query, first loads, combine), a split call about one more
+  // for the merge (the split that finishes last merges its group's heads).
+  constexpr double kFill = 4.0, kMerge = 1.0;
+  const int64_t min_splits = (stride + kMaxSplitEntries - 1) / kMaxSplitEntries;
+  int64_t best_splits = 0;
+  double best = 1e300;
+  for (int64_t sp = 1; sp <= std::min<int64_t>(stage_entries, kMaxSplits); ++sp) {
+    const int64_t per = (stage_entries + sp - 1) / sp;  // stages per block
+    const int64_t used = (stage_entries + per - 1) / per;
+    if (used != sp || sp < min_splits || per * g.pages_per_stage > kMaxSplitEntries) continue;
+    const int64_t waves = (blocks * sp + slots - 1) / slots;
+    const double cost = double(waves) * (double(per) + kFill) + (sp > 1 ? kMerge : 0.0);
+    if (cost < best - 1e-9) best = cost, best_splits = sp;
+  }
+  if (best_splits == 0)
+    return "a block table of " + std::to_string(stride) + " entries needs more than " + std::to_string(kMaxSplits) +
+           " splits of at most " + std::to_string(kMaxSplitEntries) + " entries";
+  g.splits = int(best_splits);
+  g.entries_per_split = ((stage_entries + best_splits - 1) / best_splits) * g.pages_per_stage;
+  if (g.splits > 1)
+    g.workspace_bytes = decode_split_workspace_bytes(args.batch.batch, g.splits, args.q_heads, d.heads, g.head_dim);
+  *out = g;
+  return "";
+}
+
+}  // namespace nvfp4kv

@@ -1,0 +1,179 @@
+// The decode planner on the CPU: stage shapes, stages in flight, the split of
+// each block table and the split workspace, over page sizes, head dims, batch
+// sizes and strides, with the H200's sizes and a shared-memory model of the
+// kernel's shape (the kernel's own carve is the same function of the same fields).
+#include <gtest/gtest.h>
+
+#include "nvfp4kv/core/decode_plan.hpp"
+#include "nvfp4kv/core/layout.hpp"
+
+namespace nvfp4kv {
+namespace {
+
+using namespace decode_limits;
+
+const DecodeDeviceFacts kH200{.sms = 132, .max_smem_per_block = 232448, .smem_per_sm = 233472};
+
+// Shared memory of a block: the stage slots (or the combine, if larger), the
+// page ids of a split, per-token tables and the query. Blocks per SM: by shared
+// memory, at most the register budget's.
+DecodeKernelFacts model_kernel(int* blocks_queries = nullptr) {
+  DecodeKernelFacts k;
+  k.smem_bytes = [](const DecodeGeometry& g) {
+    const size_t stages = size_t(g.stages) * g.pages_per_stage * g.slot_bytes;
+    const size_t combine = size_t(kConsumerWarps) * 16 * g.head_dim * 4;
+    return int(std::max(stages, combine) + size_t(g.entries_per_split) * 4 + 8 * kMaxStageTokens * 2 + 16 * g.head_dim * 4);
+  };
+  k.blocks_per_sm = [blocks_queries, k](const DecodeGeometry& g) {
+    if (blocks_queries) ++*blocks_queries;
+    const int by_smem = kH200.smem_per_sm / (k.smem_bytes(g) + 1024);
+    return std::min(by_smem, decode_blocks_per_sm(g.head_dim, g.group > 8 ? 16 : 8));
+  };
+  return k;
+}
+
+struct Case {
+  int64_t tokens_per_page = 16, head_dim = 128, heads = 8, q_heads = 32, batch = 16, stride = 2048;
+  const char* preset = "nvfp4kv-native";
+};
+
+DecodeGeometry plan(const Case& c, std::string* why = nullptr) {
+  const ValidLayout v = validate(instantiate(preset_spec(c.preset), {1, 4096, c.tokens_per_page, c.heads, c.head_dim}));
+  DecodeArgs a;
+  a.q_heads = c.q_heads;
+  a.batch.batch = c.batch;
+  a.batch.block_table_stride = c.stride;
+  DecodeGeometry g;
+  const std::string problem = plan_decode_geometry(v.view(), a, kH200, model_kernel(), &g);
+  if (why) *why = problem;
+  else EXPECT_EQ(problem, "");
+  return g;
+}
+
+TEST(DecodePlan, StagesHoldWholePagesWithinTheMaskAndTheTables) {
+  for (int64_t n : {1, 2, 3, 8, 16, 24, 32, 40, 64, 128, 200, 256})
+    for (int64_t d : {64, 128, 256}) {
+      const DecodeGeometry g = plan({.tokens_per_page = n, .head_dim = d});
+      SCOPED_TRACE("N " + std::to_string(n) + " D " + std::to_string(d));
+      EXPECT_GE(g.pages_per_stage, 1);
+      EXPECT_LE(g.pages_per_stage, kMaxStagePages);  // one token per page once overflowed a 64-bit mask
+      EXPECT_LE(g.pages_per_stage * n, kMaxStageTokens);
+      // A stage gives every consumer warp a tile when pages allow it.
+      if (n <= kTile * kConsumerWarps) EXPECT_GE(g.pages_per_stage * n, kTile * kConsumerWarps - n + 1);
+      EXPECT_EQ(g.slot_bytes, 2 * (n * d / 2 + (n * d / 16 + 15) / 16 * 16));
+    }
+}
+
+TEST(DecodePlan, StagesInFlightFillTheSharedMemoryOfTheBlocksPerSm) {
+  const DecodeKernelFacts k = model_kernel();
+  for (int64_t d : {64, 128, 256})
+    for (int64_t group : {1, 4, 8, 16}) {
+      const DecodeGeometry g = plan({.head_dim = d, .q_heads = 8 * group});
+      const int budget = std::min(kH200.max_smem_per_block,
+                                  kH200.smem_per_sm / decode_blocks_per_sm(g.head_dim, group > 8 ? 16 : 8) - 1024);
+      SCOPED_TRACE("D " + std::to_string(d) + " group " + std::to_string(group));
+      EXPECT_GE(g.stages, 2);
+      EXPECT_LE(g.stages, kMaxStages);
+      EXPECT_EQ(g.smem_bytes, k.smem_bytes(g));
+      EXPECT_LE(g.smem_bytes, budget);
+      if (g.stages < kMaxStages) {
+        DecodeGeometry more = g;
+        ++more.stages;
+        EXPECT_GT(k.smem_bytes(more), budget) << "one more stage would have fitted";
+      }
+    }
+  // Two blocks of the light instance fit on one SM.
+  const DecodeGeometry g = plan({});
+  EXPECT_LE(2 * (g.smem_bytes + 1024), kH200.smem_per_sm);
+}
+
+TEST(DecodePlan, SplitsCoverEveryBlockTableEntryOnce) {
+  for (int64_t stride : {1, 7, 8, 9, 100, 128, 2048, 8192, 65536, 262144})
+    for (int64_t batch : {1, 3, 16, 128})
+      for (int64_t n : {1, 16, 128}) {
+        const DecodeGeometry g = plan({.tokens_per_page = n, .batch = batch, .stride = stride});
+        SCOPED_TRACE("stride " + std::to_string(stride) + " batch " + std::to_string(batch) + " N " + std::to_string(n));
+        EXPECT_GE(g.splits, 1);
+        EXPECT_LE(g.splits, kMaxSplits);
+        EXPECT_EQ(g.entries_per_split % g.pages_per_stage, 0);
+        EXPECT_LE(g.entries_per_split, kMaxSplitEntries);
+        EXPECT_GE(g.splits * g.entries_per_split, stride);          // every entry has a split
+        EXPECT_LT((g.splits - 1) * g.entries_per_split, stride);    // and every split has entries
+        if (g.splits == 1) {
+          EXPECT_EQ(g.workspace_bytes, 0u);
+        } else {
+          size_t tickets_at = 0;
+          EXPECT_EQ(g.workspace_bytes, decode_split_workspace_bytes(batch, g.splits, 32, 8, 128, &tickets_at));
+          EXPECT_EQ(tickets_at % 16, 0u);
+          EXPECT_GE(tickets_at, size_t(batch) * g.splits * 32 * 129 * sizeof(float));
+          EXPECT_EQ(g.workspace_bytes - tickets_at, size_t(batch) * 8 * 8);
+        }
+      }
+}
+
+TEST(DecodePlan, SmallBatchesSplitAndLargeOnesDoNot) {
+  // One sequence of 128K tokens: 8 blocks would use 8 of 264 block slots.
+  EXPECT_GE(plan({.batch = 1, .stride = 8192}).splits, 16);
+  // 128 sequences x 8 kv heads already fill the GPU four times over.
+  EXPECT_EQ(plan({.batch = 128, .stride = 128}).splits, 1);
+}
+
+TEST(DecodePlan, PlaneKindsFollowTheLayout) {
+  const DecodeGeometry native = plan({});
+  EXPECT_TRUE(native.dense);
+  EXPECT_TRUE(native.span);  // one copy per page
+  const DecodeGeometry planes = plan({.preset = "flashinfer-hnd"});
+  EXPECT_TRUE(planes.dense);
+  EXPECT_FALSE(planes.span);  // four planes in two allocations
+  EXPECT_FALSE(plan({.preset = "flashinfer-nhd"}).dense);  // heads interleaved within a token: row by row
+  const DecodeGeometry padded = plan({.head_dim = 80});
+  EXPECT_EQ(padded.head_dim, 128);
+  EXPECT_FALSE(padded.dense);
+}
+
+TEST(DecodePlan, UnsupportedShapesSayWhy) {
+  std::string why;
+  plan({.head_dim = 320}, &why);
+  EXPECT_NE(why.find("head dims up to 256"), std::string::npos) << why;
+  plan({.tokens_per_page = 512}, &why);
+  EXPECT_NE(why.find("up to 256 tokens per page"), std::string::npos) << why;
+  // A block table too long for 256 splits of 4096 entries.
+  plan({.batch = 1, .stride = int64_t(kMaxSplits) * kMaxSplitEntries + 1}, &why);
+  EXPECT_NE(why.find("more than 256 splits"), std::string::npos) << why;
+  // A device with too little shared memory for two stages.
+  const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 64, 256, 1, 256}));
+  DecodeArgs a;
+  a.q_heads = 1;
+  a.batch.batch = 1;
+  a.batch.block_table_stride = 4;
+  DecodeGeometry g;
+  const DecodeDeviceFacts small{.sms = 4, .max_smem_per_block = 48 << 10, .smem_per_sm = 64 << 10};
+  why = plan_decode_geometry(v.view(), a, small, model_kernel(), &g);
+  EXPECT_NE(why.find("bytes of shared memory"), std::string::npos) << why;
+}
+
+TEST(DecodePlan, TheGeometryDependsOnTheShapeOnly) {
+  // Lengths are not an input; the same shape twice plans the same, and the kernel
+  // is asked for its occupancy once.
+  int queries = 0;
+  const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 4096, 16, 8, 128}));
+  DecodeArgs a;
+  a.q_heads = 32;
+  a.batch.batch = 4;
+  a.batch.block_table_stride = 512;
+  DecodeGeometry g1, g2;
+  ASSERT_EQ(plan_decode_geometry(v.view(), a, kH200, model_kernel(&queries), &g1), "");
+  ASSERT_EQ(plan_decode_geometry(v.view(), a, kH200, model_kernel(&queries), &g2), "");
+  EXPECT_EQ(queries, 2);
+  EXPECT_EQ(g1.splits, g2.splits);
+  EXPECT_EQ(g1.stages, g2.stages);
+  EXPECT_EQ(g1.entries_per_split, g2.entries_per_split);
+  EXPECT_EQ(g1.workspace_bytes, g2.workspace_bytes);
+  // A failed occupancy query stops the plan.
+  DecodeKernelFacts broken = model_kernel();
+  broken.blocks_per_sm = [](const DecodeGeometry&) { return -1; };
+  EXPECT_EQ(plan_decode_geometry(v.view(), a, kH200, broken, &g1), "blocks_per_sm failed");
+}
+
+}  // namespace
+}  // namespace nvfp4kv
