@@ -22,7 +22,7 @@ status=()
 record() { status+=("$1: $2"); }
 configure() {  # source dir, build dir
   cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNVFP4KV_REQUIRE_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DNVFP4KV_EXTRA_INCLUDE="$PWD/.carry/include" \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_CUDA_FLAGS=-lineinfo -DNVFP4KV_EXTRA_INCLUDE="$PWD/.carry/include" \
     -DNVFP4KV_GTEST_SOURCE="$PWD/.carry/googletest"
 }
 
@@ -51,7 +51,7 @@ if [ "${NVFP4KV_TESTS:-1}" = 1 ]; then
   grep -q "^\[  PASSED  \]" "$OUT/gpu_tests.log" && ! grep -q "^\[  FAILED" "$OUT/gpu_tests.log" && record "store/gather tests" pass || record "store/gather tests" FAIL
   if [ "${NVFP4KV_CPU_TESTS:-1}" = 1 ]; then
     step "CPU tests of this build"
-    (cd build/gpu && ctest -E "Gpu|fuzz" -j 16 2>&1 | tail -2)
+    (cd build/gpu && ctest -E "Gpu|fuzz" -j 16 > "$OUT/ctest_cpu.log" 2>&1; grep -E "tests passed|\(Failed\)|\*\*\*Failed|Timeout" "$OUT/ctest_cpu.log" | head -20)
   fi
   if [ "${NVFP4KV_SANITIZE:-1}" = 1 ]; then
   step "compute-sanitizer memcheck"
@@ -63,7 +63,8 @@ if [ "${NVFP4KV_TESTS:-1}" = 1 ]; then
   timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
     --gtest_filter='Gpu.SlotEdgeCases:GpuDecode.OptionsMatch*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*' \
     > "$OUT/racecheck.log" 2>&1; rc=$?
-  tail -3 "$OUT/racecheck.log"; record "racecheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
+  tail -3 "$OUT/racecheck.log"; grep -oE "[a-z_]+\.cu[h]?:[0-9]+" "$OUT/racecheck.log" | sort | uniq -c | sort -rn | head -12
+  record "racecheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
   fi
   step "round trip on every preset, and the demo"
   for p in $(build/gpu/nvfp4kv layout presets | awk '/^  [a-z]/ && $2 == "sound" {print $1}'); do

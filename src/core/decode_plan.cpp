@@ -42,10 +42,11 @@ std::string plan_decode_geometry(const LayoutView& layout, const DecodeArgs& arg
     g.span = g.span && m.buffer == k.buffer && m.layer == k.layer && m.page == k.page && m.head == k.head &&
              m.offset - k.offset == g.plane_offset[ri];
   }
-  // A stage is one tile per consumer warp (two at D 64, whose tokens are half the
-  // bytes: the per-stage wait and bookkeeping spread over more tokens), at most 64
-  // pages (one token per page makes 64-token stages).
-  const int stage_target = kTile * kConsumerWarps * (g.head_dim <= 64 ? 2 : 1);
+  // A stage is two tiles per consumer warp up to D 128 (the per-stage wait and
+  // bookkeeping spread over more tokens: run 31, -4 % at 16 x 32K and 128 x 32K
+  // against one tile), one at D 256; at most 64 pages (one token per page makes
+  // 64-token stages).
+  const int stage_target = kTile * kConsumerWarps * (g.head_dim <= 128 ? 2 : 1);
   g.pages_per_stage = int(std::clamp<int64_t>(stage_target / d.tokens_per_page, 1, kMaxStagePages));
   // Shared memory holds the page ids of one split: size it for the largest split possible.
   const int64_t stride = args.batch.block_table_stride;

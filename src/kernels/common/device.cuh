@@ -27,12 +27,6 @@ __device__ __forceinline__ void copy_async(void* shared, const void* global) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(shared_address(shared)), "l"(global), "n"(kBytes)
                : "memory");
 }
-// The same, 16 bytes, through L2 only: for data other blocks of the grid wrote.
-template <int kBytes>
-__device__ __forceinline__ void copy_async_l2(void* shared, const void* global) {
-  static_assert(kBytes == 16, "cp.async.cg copies 16 bytes");
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(shared)), "l"(global) : "memory");
-}
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void wait_copies() {

@@ -170,8 +170,7 @@ struct DecodeBlock {
   // a page. Dense modes: the lanes issue one bulk copy per loaded page (its span)
   // or four (its planes) on the slot's full barrier, which expects the stage's
   // bytes. Row mode: the lanes copy the rows into the canonical planes by
-  // cp.async, 16 bytes per copy at most, and each arrives on the full barrier
-  // once its copies have landed (lane 0 once more, for page_ok).
+  // cp.async, 16 bytes per copy at most.
   __device__ void issue(int j, int slot) const {
     const DecodeGeometry& g = p.geometry;
     uint8_t* const dst = s.stage + size_t(slot) * g.pages_per_stage * g.slot_bytes;
@@ -213,9 +212,10 @@ struct DecodeBlock {
       uint8_t* const to = dst + size_t(q) * g.slot_bytes;
       for (int ri = 0; ri < kRegionCount; ++ri) copy_rows(Region(ri), page, to + g.plane_offset[ri]);
     }
+    // Each lane arrives twice: once its cp.async copies have landed, and at once
+    // for its plain stores (narrow rows' byte copies; lane 0's page_ok).
     barrier_arrive_after_copies(&s.full[slot]);
-    __syncwarp();  // the lanes' byte copies (narrow rows) and page_ok before lane 0's release
-    if (th.lane == 0) barrier_arrive(&s.full[slot]);
+    barrier_arrive(&s.full[slot]);
   }
 
   // The block's page ids into shared memory, read in parallel once: the producer
@@ -586,107 +586,100 @@ __device__ inline bool finish_split(unsigned long long* ticket, int splits) {
   }
 }
 
-template <int kBlockThreads>
-__device__ float block_reduce_max_or_sum(bool max, float v, float* red, int tid) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float other = __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    v = max ? fmaxf(v, other) : v + other;
-  }
-  if (tid % 32 == 0) red[tid / 32] = v;
-  __syncthreads();
-  v = red[0];
-  for (int w = 1; w < kBlockThreads / 32; ++w) v = max ? fmaxf(v, red[w]) : v + red[w];
-  __syncthreads();  // red is reused
-  return v;
-}
-
-// Shared memory of one merge: carved from the stage area once the block is done with it.
+// Shared memory of the merge, carved from the stage area once the block is done with it.
 struct MergeSmem {
-  float* weight;  // (splits)
-  float* red;     // (warps)
-  float4* sums;   // (threads)
-  float4* rows;   // (rows_cap) partial rows of a chunk of splits
-  int rows_cap;
+  float* weight;  // (splits, group) each split's log-sum-exp, then its weight
+  float* total;   // (group) softmax denominator over the splits (and the sink)
+  float* m_all;   // (group) the running maximum the weights are relative to
+  int* nan;       // (group) a split's partial was NaN
 };
 
-// Query head `head` of sequence `seq`: the splits' partials weighted by their
-// softmax denominators (and the sink), normalised, scaled by V's global scale,
-// written in the query's type; a NaN partial makes the row NaN. The partial rows
-// come into shared memory by cp.async through L2 only (other blocks wrote them;
-// this SM's L1 may hold an earlier call's), a chunk of splits with every copy in
-// flight, and each thread sums 4 columns over every `groups`-th split of the chunk.
+// The group's query heads of sequence `seq`, all at once: the splits' partials
+// weighted by their softmax denominators (and the sink), normalised, scaled by
+// V's global scale, written in the query's type; a NaN partial makes the head's
+// row NaN. Weights: a warp per head. Rows: a thread per (head, 4 columns), every
+// split's partial loaded through L2 (other blocks wrote them; this SM's L1 may
+// hold an earlier call's) without a condition, so the loads run back to back; a
+// split of weight 0 adds nothing, even a NaN.
 template <int kBlockThreads, ElementType kType>
-__device__ void merge_head(const DecodeParams& p, const SplitWorkspace& w, const MergeSmem& m, int64_t seq,
-                           int64_t head, int tid) {
+__device__ void merge_group(const DecodeParams& p, const SplitWorkspace& w, const MergeSmem& m, int64_t seq,
+                            int64_t kv_head, int tid) {
   const DecodeArgs& a = p.args;
   const DecodeGeometry& g = p.geometry;
+  const int group = g.group, splits = g.splits;
   const int64_t dim = p.layout.dims().head_dim;
-  const int64_t row0 = seq * g.splits * a.q_heads + head;  // split k's partial: row0 + k * q_heads
-  float mx = kNegInf;
-  int nan_seen = 0;
-  for (int k = tid; k < g.splits; k += kBlockThreads) {
-    const float v = __ldcg(&w.lse2[row0 + k * a.q_heads]);
-    m.weight[k] = v;
-    nan_seen |= v != v;
-    mx = fmaxf(mx, v);
+  const int64_t head0 = kv_head * group;
+  const int64_t row0 = seq * splits * a.q_heads + head0;  // split k, head r: row0 + k * q_heads + r
+  for (int i = tid; i < splits * group; i += kBlockThreads)
+    m.weight[i] = __ldcg(&w.lse2[row0 + (i / group) * a.q_heads + i % group]);
+  __syncthreads();
+  const int warp = tid / 32, lane = tid % 32;
+  for (int r = warp; r < group; r += kBlockThreads / 32) {
+    float mx = kNegInf;
+    int nan_seen = 0;
+    for (int k = lane; k < splits; k += 32) {
+      const float v = m.weight[k * group + r];
+      nan_seen |= v != v;
+      mx = fmaxf(mx, v);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
+    nan_seen = __any_sync(0xFFFFFFFFu, nan_seen);
+    const float sink = a.sinks ? a.sinks[head0 + r] * kLog2e : kNegInf;
+    const float m_all = fmaxf(mx, sink);
+    float part = 0;
+    for (int k = lane; k < splits; k += 32) {
+      const float wk = mx == kNegInf ? 0.0f : exp2f(m.weight[k * group + r] - m_all);
+      m.weight[k * group + r] = wk;
+      part += wk;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
+    if (lane == 0) {
+      m.total[r] = part + (a.sinks ? exp2f(sink - m_all) : 0.0f);
+      m.m_all[r] = m_all;
+      m.nan[r] = nan_seen;
+    }
   }
-  nan_seen = __syncthreads_or(nan_seen);
-  mx = block_reduce_max_or_sum<kBlockThreads>(true, mx, m.red, tid);
-  const float m_all = a.sinks ? fmaxf(mx, a.sinks[head] * kLog2e) : mx;
-  float part = 0;
-  for (int k = tid; k < g.splits; k += kBlockThreads) {
-    const float wk = mx == kNegInf ? 0.0f : exp2f(m.weight[k] - m_all);
-    m.weight[k] = wk;
-    part += wk;
-  }
-  float total = block_reduce_max_or_sum<kBlockThreads>(false, part, m.red, tid);  // its barriers publish weight[]
-  if (a.sinks) total += exp2f(a.sinks[head] * kLog2e - m_all);
+  __syncthreads();
   const float out_scale = 16384.0f * *a.v_global_scale;
   const float nan = __int_as_float(0x7FC00000);
-  const int slots = g.head_dim / 4, groups = kBlockThreads / slots;
-  const int slot = tid % slots, grp = tid / slots;
-  const int rows_per_chunk = m.rows_cap / slots;
+  const int slots = g.head_dim / 4;
   const float4* x = reinterpret_cast<const float4*>(w.partial + row0 * g.head_dim);
-  const int64_t step = a.q_heads * g.head_dim / 4;
-  float4 o = make_float4(0, 0, 0, 0);
-  for (int k0 = 0; k0 < g.splits; k0 += rows_per_chunk) {
-    const int count = min(rows_per_chunk, g.splits - k0);
-    for (int i = tid; i < count * slots; i += kBlockThreads)
-      if (4 * (i % slots) < dim) copy_async_l2<16>(&m.rows[i], x + (k0 + i / slots) * step + i % slots);  // written columns only
-    commit_copies();
-    wait_copies<0>();
-    __syncthreads();
-    for (int r = grp; r < count && grp < groups && 4 * slot < dim; r += groups) {
-      const float wk = m.weight[k0 + r];
-      if (!(wk > 0)) continue;  // a split of weight 0 adds nothing, even a NaN
-      const float4 v = m.rows[r * slots + slot];
-      o.x = fmaf(v.x, wk, o.x), o.y = fmaf(v.y, wk, o.y), o.z = fmaf(v.z, wk, o.z), o.w = fmaf(v.w, wk, o.w);
+  const int64_t step = a.q_heads * slots;  // float4s from one split's row to the next split's
+  for (int i = tid; i < group * slots; i += kBlockThreads) {
+    const int r = i / slots, c4 = i % slots;
+    if (4 * c4 >= dim) continue;
+    const float4* col = x + r * slots + c4;
+    float4 o = make_float4(0, 0, 0, 0);
+#pragma unroll 8
+    for (int k = 0; k < splits; ++k) {
+      const float4 v = __ldcg(col + k * step);
+      const float wk = m.weight[k * group + r];
+      const bool use = wk > 0;
+      o.x = use ? fmaf(v.x, wk, o.x) : o.x, o.y = use ? fmaf(v.y, wk, o.y) : o.y;
+      o.z = use ? fmaf(v.z, wk, o.z) : o.z, o.w = use ? fmaf(v.w, wk, o.w) : o.w;
     }
-    __syncthreads();  // rows is refilled
-  }
-  m.sums[tid] = o;
-  __syncthreads();
-  if (grp == 0) {
-    for (int k = 1; k < groups; ++k) {
-      const float4 other = m.sums[k * slots + slot];
-      o.x += other.x, o.y += other.y, o.z += other.z, o.w += other.w;
-    }
-    const float r[4] = {o.x, o.y, o.z, o.w};
-    uint16_t* out = static_cast<uint16_t*>(a.out) + (seq * a.q_heads + head) * dim;
+    const float total = m.total[r];
+    const bool poisoned = m.nan[r] != 0;
+    const float v4[4] = {o.x, o.y, o.z, o.w};
+    uint16_t* out = static_cast<uint16_t*>(a.out) + (seq * a.q_heads + head0 + r) * dim;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const int64_t col = 4 * slot + c;
-      if (col >= dim) break;
-      float value = total > 0 ? r[c] / total * out_scale : 0.0f;
-      if (nan_seen) value = nan;
-      out[col] = kType == ElementType::kBFloat16 ? __bfloat16_as_ushort(__float2bfloat16_rn(value))
-                                                 : __half_as_ushort(__float2half_rn(value));
+      const int64_t cc = 4 * c4 + c;
+      if (cc >= dim) break;
+      float value = total > 0 ? v4[c] / total * out_scale : 0.0f;
+      if (poisoned) value = nan;
+      out[cc] = kType == ElementType::kBFloat16 ? __bfloat16_as_ushort(__float2bfloat16_rn(value))
+                                                : __half_as_ushort(__float2half_rn(value));
     }
   }
-  if (a.lse && tid == 0)
-    a.lse[seq * a.q_heads + head] = nan_seen ? nan : total > 0 ? (m_all + log2f(total)) / kLog2e : kNegInf;
-  __syncthreads();  // m is reused by the next head
+  if (a.lse)
+    for (int r = tid; r < group; r += kBlockThreads) {
+      const float total = m.total[r];
+      a.lse[seq * a.q_heads + head0 + r] =
+          m.nan[r] ? nan : total > 0 ? (m.m_all[r] + log2f(total)) / kLog2e : kNegInf;
+    }
 }
 
 template <int kD, int kGroupRows, ElementType kType>
@@ -722,10 +715,11 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   if (th.tid == 0) {
     s.flags[0] = 0;
     // Dense modes: the producer's one arrival carries the stage's bytes; row mode:
-    // every producer lane's arrival once its copies landed, and lane 0's once more.
+    // two per producer lane (issue). Empty: every consumer thread once it has read
+    // the slot (each its own release, no warp-level ordering assumed).
     for (int i = 0; i < g.stages; ++i) {
-      barrier_init(&s.full[i], g.dense ? 1 : 33);
-      barrier_init(&s.empty[i], kConsumerWarps);
+      barrier_init(&s.full[i], g.dense ? 1 : 64);
+      barrier_init(&s.empty[i], kConsumerThreads);
     }
     barrier_init_fence();
   }
@@ -801,8 +795,7 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
         const int first[1] = {t * kTile};
         block.template take_tiles<1>(ln, qf, st, first, mk, state, a.softcap);
       }
-      __syncwarp();  // every lane's reads of the slot precede the warp's release
-      if (th.lane == 0) barrier_arrive(&s.empty[slot]);
+      barrier_arrive(&s.empty[slot]);  // this thread's reads of the slot are done
       if (++slot == g.stages) slot = 0, phase ^= 1;
     }
 
@@ -893,20 +886,20 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   __threadfence();  // the other splits' partials, seen through their fences
   Carve c;
   MergeSmem m;
-  char* area = reinterpret_cast<char*>(s.stage);
-  m.weight = c.take<float>(area, g.splits);
-  m.red = c.take<float>(area, kThreads / 32);
-  m.sums = c.take<float4>(area, kThreads);
-  const size_t used = c.at;
-  m.rows = c.take<float4>(area, 0);
-  m.rows_cap = int(std::min<size_t>((stage_area<kD>(g) - used) / sizeof(float4), 1 << 16));
-  for (int r = 0; r < group; ++r) merge_head<kThreads, kType>(p, w, m, th.seq, th.kv_head * group + r, th.tid);
+  char* area = reinterpret_cast<char*>(s.stage);  // (splits x group + 3 x group) words: at most 17 KB
+  m.weight = c.take<float>(area, size_t(g.splits) * group);
+  m.total = c.take<float>(area, group);
+  m.m_all = c.take<float>(area, group);
+  m.nan = c.take<int>(area, group);
+  merge_group<kThreads, kType>(p, w, m, th.seq, th.kv_head, th.tid);
 #endif
 }
 
 
+// The register cap by __maxnreg__: with __launch_bounds__(288, 2) ptxas settled on
+// 96 registers and spilled; 112 x 288 x 2 still fits an SM's 64K registers.
 template <int kD, int kGroupRows, ElementType kType>
-__global__ void __launch_bounds__(kThreads, decode_blocks_per_sm(kD, kGroupRows)) decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kThreads) __maxnreg__(decode_blocks_per_sm(kD, kGroupRows) == 2 ? 112 : 224) decode_kernel(const __grid_constant__ DecodeParams p) {
 #if NVFP4KV_KERNEL_ARCH_SUPPORTED
   extern __shared__ __align__(128) char smem[];
   const DecodeThread th{int(threadIdx.x), int(threadIdx.x) / 32, int(threadIdx.x) % 32, int64_t(blockIdx.x),
