@@ -51,7 +51,7 @@ if [ "${NVFP4KV_TESTS:-1}" = 1 ]; then
   grep -q "^\[  PASSED  \]" "$OUT/gpu_tests.log" && ! grep -q "^\[  FAILED" "$OUT/gpu_tests.log" && record "store/gather tests" pass || record "store/gather tests" FAIL
   if [ "${NVFP4KV_CPU_TESTS:-1}" = 1 ]; then
     step "CPU tests of this build"
-    (cd build/gpu && ctest -E "Gpu|fuzz" -j 16 > "$OUT/ctest_cpu.log" 2>&1; grep -E "tests passed|\(Failed\)|\*\*\*Failed|Timeout" "$OUT/ctest_cpu.log" | head -20)
+    (cd build/gpu && ctest -E "Gpu|fuzz" -j 16 > "$OUT/ctest_cpu.log" 2>&1; cp Testing/Temporary/LastTest.log "$OUT/ctest_last.log"; grep -E "tests passed|\(Failed\)|\*\*\*Failed|Timeout" "$OUT/ctest_cpu.log" | head -20)
   fi
   if [ "${NVFP4KV_SANITIZE:-1}" = 1 ]; then
   step "compute-sanitizer memcheck"

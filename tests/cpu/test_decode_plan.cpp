@@ -58,8 +58,10 @@ TEST(DecodePlan, StagesHoldWholePagesWithinTheMaskAndTheTables) {
       EXPECT_GE(g.pages_per_stage, 1);
       EXPECT_LE(g.pages_per_stage, kMaxStagePages);  // one token per page once overflowed a 64-bit mask
       EXPECT_LE(g.pages_per_stage * n, kMaxStageTokens);
-      // A stage gives every consumer warp a tile when pages allow it.
-      if (n <= kTile * kConsumerWarps) EXPECT_GE(g.pages_per_stage * n, kTile * kConsumerWarps - n + 1);
+      // A stage gives every consumer warp a tile unless the 64-page cap binds.
+      if (n <= kTile * kConsumerWarps && n * kMaxStagePages >= kTile * kConsumerWarps) {
+        EXPECT_GE(g.pages_per_stage * n, kTile * kConsumerWarps - n + 1);
+      }
       EXPECT_EQ(g.slot_bytes, 2 * (n * d / 2 + (n * d / 16 + 15) / 16 * 16));
     }
 }
@@ -74,7 +76,8 @@ TEST(DecodePlan, StagesInFlightFillTheSharedMemoryOfTheBlocksPerSm) {
       SCOPED_TRACE("D " + std::to_string(d) + " group " + std::to_string(group));
       EXPECT_GE(g.stages, 2);
       EXPECT_LE(g.stages, kMaxStages);
-      EXPECT_EQ(g.smem_bytes, k.smem_bytes(g));
+      // Reserved for the largest split the stride allows; the chosen split needs no more.
+      EXPECT_GE(g.smem_bytes, k.smem_bytes(g));
       EXPECT_LE(g.smem_bytes, budget);
       if (g.stages < kMaxStages) {
         DecodeGeometry more = g;

@@ -50,7 +50,6 @@ using decode_limits::kConsumerWarps, decode_limits::kTile, decode_limits::kMaxSt
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 [[maybe_unused]] constexpr int kProducerWarp = kConsumerWarps;
 constexpr int kThreads = kConsumerThreads + 32;
-[[maybe_unused]] constexpr int kConsumerBarrier = 1;  // hardware barrier id of the consumers' own syncs
 [[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f;
 [[maybe_unused]] constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -735,26 +734,33 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   block.load_pages();
   __syncthreads();  // page ids (and row mode's zeroed stages) in place
 
-  // From here the producer warp and the consumer warps run apart until the
-  // combine. Stage j goes to slot j % stages; its barriers' phase flips at each
-  // reuse of the slot. The producer starts at once, so the first stages land
-  // while the consumers prepare the tables and the query.
+  // From here the producer warp and the consumer warps run apart, meeting only at
+  // block barriers every thread takes (no named barriers): the producer issues the
+  // first stages at once (their slots are free), so they land while the consumers
+  // prepare the tables and the query, then joins those two barriers and goes on
+  // issuing as slots are released. Stage j goes to slot j % stages; a slot's
+  // barriers flip phase at each reuse.
   const int stage_bytes = g.pages_per_stage * g.slot_bytes;
-  if (th.warp == kProducerWarp) {
-    int slot = 0;
-    unsigned phase = 0;
-    for (int j = 0; j < stages; ++j) {
-      if (j >= g.stages) barrier_wait(&s.empty[slot], phase ^ 1);  // the consumers of stage j - stages are done
+  const bool producer = th.warp == kProducerWarp;
+  if (producer)
+    for (int j = 0; j < min(stages, g.stages); ++j) block.issue(j, j);
+  else {
+    block.build_tables();
+    block.load_query(kgs);
+  }
+  __syncthreads();
+  if (!producer) block.store_query_fragments();
+  __syncthreads();
+  if (producer) {
+    for (int j = g.stages, slot = 0, phase = 0; j < stages; ++j) {
+      barrier_wait(&s.empty[slot], phase);  // the consumers of stage j - stages are done
       block.issue(j, slot);
       if (++slot == g.stages) slot = 0, phase ^= 1;
     }
+    // Every consumer is done with the stages: one block-wide barrier (id 0, all
+    // threads), taken by each warp in its own branch (warp-uniform: legal on sm_70+).
+    sync_threads(0, kThreads);
   } else {
-    block.build_tables();
-    block.load_query(kgs);
-    sync_threads(kConsumerBarrier, kConsumerThreads);
-    block.store_query_fragments();
-    sync_threads(kConsumerBarrier, kConsumerThreads);
-
     typename Block::QFrags qf;
     const typename Block::Lane ln = block.lane_constants(qf);
     typename Block::State state;
@@ -799,10 +805,11 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
       if (++slot == g.stages) slot = 0, phase ^= 1;
     }
 
+
     // Combine the warps: (max, sum, O) of each query row, in the stage area, once
     // every consumer is done with the stages (every stage issued was consumed, so
     // no copy is in flight).
-    sync_threads(kConsumerBarrier, kConsumerThreads);
+    sync_threads(0, kThreads);
     float* cm = reinterpret_cast<float*>(s.stage);  // (consumer warps, 16)
     float* cl = cm + kConsumerWarps * 16;           // (consumer warps, 16)
     float* co = cl + kConsumerWarps * 16;           // (consumer warps, 16, D)
@@ -896,10 +903,11 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
 }
 
 
-// The register cap by __maxnreg__: with __launch_bounds__(288, 2) ptxas settled on
-// 96 registers and spilled; 112 x 288 x 2 still fits an SM's 64K registers.
+// The registers by __launch_bounds__: 96 for two blocks of 9 warps per SM (registers
+// are allocated for warps in pairs, so 112 with __maxnreg__ left one block per SM
+// and 220 at D 256 / group 16 could not launch: run 32).
 template <int kD, int kGroupRows, ElementType kType>
-__global__ void __launch_bounds__(kThreads) __maxnreg__(decode_blocks_per_sm(kD, kGroupRows) == 2 ? 112 : 224) decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, decode_blocks_per_sm(kD, kGroupRows)) decode_kernel(const __grid_constant__ DecodeParams p) {
 #if NVFP4KV_KERNEL_ARCH_SUPPORTED
   extern __shared__ __align__(128) char smem[];
   const DecodeThread th{int(threadIdx.x), int(threadIdx.x) / 32, int(threadIdx.x) % 32, int64_t(blockIdx.x),
