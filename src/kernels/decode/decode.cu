@@ -1,13 +1,15 @@
 // Fused paged decode attention over the NVFP4 cache.
 //
 // A thread block owns (split, kv head, sequence): the query heads of one GQA
-// group against one range of the sequence's block table. Pages stream into
-// shared-memory stages several stages ahead: by bulk copies on a barrier per
-// stage when the layout's (page, head) planes are dense and aligned (one copy per
-// page when its four planes lie back to back, as in the native layouts), else row
-// by row into canonical planes by per-thread cp.async. Each of the 4 warps takes
+// group against one range of the sequence's block table. It is warp-specialized:
+// a producer warp streams pages into shared-memory stages several stages ahead
+// (by bulk copies when the layout's (page, head) planes are dense and aligned, one
+// copy per page when its four planes lie back to back as in the native layouts,
+// else row by row into canonical planes by cp.async), and 8 consumer warps take
 // 16 tokens of a stage at a time (a tile; at D 64 two tiles share one softmax
-// update) and keeps everything of them in registers:
+// update), keeping everything of them in registers. The two sides meet on a
+// full and an empty barrier per stage slot, never on a block barrier per stage.
+// A tile:
 //  - S = K Q^T on FP16 tensor cores (m16n8k16): M = the tile's 16 tokens, N = 8
 //    query heads, K = 16 columns of D. A lane's K operand is 4 E2M1 values of one
 //    token; they become FP16 by bit placement (place_e2m1: e2m1 * 2^-14, exact)
@@ -22,9 +24,9 @@
 //    register pairs one element of two tokens: lane g owns D / 8 consecutive
 //    elements of every token (one block scale per token up to D = 128), and the
 //    two tokens' bytes are interleaved by byte permutes before the placement.
-// The warps' partial (max, sum, O) are combined in shared memory; with one split
-// that is the output, else a partial in the workspace that the merge kernel
-// (a programmatic dependent launch) combines per (sequence, query head). Inside one MMA the reduction over D runs
+// The consumers' partial (max, sum, O) are combined in shared memory; with one
+// split that is the output, else a partial in the workspace, and the split that
+// finishes last merges its group's heads (merge_group). Inside one MMA the reduction over D runs
 // in a fixed permutation of D, the same for Q and K; O^T's rows are a fixed
 // permutation of D, undone when O is written.
 #include <cuda_bf16.h>
