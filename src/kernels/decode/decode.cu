@@ -558,10 +558,10 @@ struct DecodeBlock {
 // The workspace of a split call: each split's partial per (sequence, query head),
 // then a ticket per (sequence, kv head) that finds the split to finish last, which
 // merges. A ticket counts finished splits as kTicketTag << 16 | count; any other
-// value reads as zero finished, and the last split leaves 0: so the ticket resets
-// itself for the next call (graph replays need no memset) and a workspace fresh
-// from cudaMalloc needs no clearing either (a stray value would have to carry the
-// 48-bit tag to be misread).
+// value reads as zero finished, and the last split leaves the count at 0: so the
+// ticket resets itself for the next call (graph replays need no memset) and a
+// workspace fresh from cudaMalloc needs no clearing either (a stray value would
+// have to carry the 48-bit tag to be misread).
 constexpr unsigned long long kTicketTag = 0x6E7666703462ull;  // "nvfp4b"
 struct SplitWorkspace {
   float* partial;                // (batch, splits, q_heads, D) O / l of each split
@@ -580,13 +580,25 @@ struct SplitWorkspace {
 };
 
 // Counts this split as finished; true for the split that finished last (which
-// leaves the ticket at 0). Thread 0 of the block only, after the block's partials
-// were written and fenced.
+// leaves the ticket at kTicketTag << 16, "tagged, none finished"). Thread 0 of the
+// block only, after the block's partials were written and fenced. A tagged ticket
+// takes one atomicAdd (its count sits in the low 16 bits; splits <= 256); only a
+// ticket not yet tagged (a workspace fresh from cudaMalloc, the first call) goes
+// through a compare-and-swap loop, whose retries under contention cost an L2 round
+// trip each (run 33: the CAS loop on every call cost batch 1 several microseconds).
 __device__ inline bool finish_split(unsigned long long* ticket, int splits) {
+  constexpr unsigned long long kReset = kTicketTag << 16;
   unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(ticket);
+  if ((seen >> 16) == kTicketTag) {
+    const unsigned long long was = atomicAdd(ticket, 1ull);
+    const int done = int(was & 0xFFFFu) + 1;
+    if (done < splits) return false;
+    atomicExch(ticket, kReset);
+    return true;
+  }
   for (;;) {
     const int done = (seen >> 16) == kTicketTag ? int(seen & 0xFFFFu) : 0;
-    const unsigned long long next = done + 1 == splits ? 0ull : (kTicketTag << 16) | unsigned(done + 1);
+    const unsigned long long next = done + 1 == splits ? kReset : (kTicketTag << 16) | unsigned(done + 1);
     const unsigned long long was = atomicCAS(ticket, seen, next);
     if (was == seen) return done + 1 == splits;
     seen = was;
