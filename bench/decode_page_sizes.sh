@@ -8,5 +8,5 @@ cd "$(dirname "$0")/.."
 build=${1:-build/gpu}
 for n in 16 32 64 128; do
   echo "=== $n tokens per page"
-  "$build/nvfp4kv" bench decode --batch 1,16 --context 32768 --q-heads 32 --kv-heads 8 --head-dim 128 --tokens-per-page "$n" 2>&1 | tail -4
+  "$build/nvfp4kv" bench decode --batch 1,16 --context 32768 --q-heads 32 --kv-heads 8 --head-dim 128 --tokens-per-page "$n" 2>&1
 done
