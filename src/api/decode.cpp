@@ -1,5 +1,5 @@
 // Host API of decode attention: core's argument rules, the GPU's own, the
-// geometry from the shape, then one launch (two when split).
+// geometry from the shape, then one launch (a split call merges inside it).
 #include "nvfp4kv/api/decode.hpp"
 
 #include "../kernels/decode/params.hpp"

@@ -72,10 +72,13 @@ __device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
 __device__ __forceinline__ void barrier_arrive_after_copies(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(bar)) : "memory");
 }
-// A block barrier among `threads` threads (a multiple of 32) on hardware barrier
-// `id` (1-15; 0 is __syncthreads'): lets some warps synchronise while others run on.
+// A block barrier (hardware barrier `id`) that `threads` threads (a multiple of
+// 32) reach from different places in the code, e.g. a warp-specialized kernel's
+// producer and consumer branches: the non-aligned form, which PTX defines for
+// threads at different barrier instructions (bar.sync / __syncthreads are the
+// aligned form, defined only when every thread runs the same instruction).
 __device__ __forceinline__ void sync_threads(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Programmatic dependent launch (sm_90+): a grid launched with programmatic stream

@@ -46,7 +46,7 @@ namespace decode {
 
 // Warp-specialized: kConsumerWarps warps take the stages' tiles, one producer
 // warp fills the stages; they meet only on per-stage barriers (full: the stage
-// landed; empty: every consumer warp is done with it), never on a block barrier.
+// landed; empty: every consumer thread is done with it), never on a block barrier.
 using decode_limits::kConsumerWarps, decode_limits::kTile, decode_limits::kMaxStageTokens, decode_limits::kMaxStages,
     decode_limits::kMaxSplits, decode_limits::kMaxSplitEntries;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
@@ -76,7 +76,7 @@ struct Smem {
   uint2* qfrag;                       // (D / 16, 2, 32) the query's B fragments per k-step, n-tile and lane
   unsigned long long* page_ok;        // (stages) bit p: page slot p was loaded
   uint64_t* full;                     // (stages) the stage's copies have landed and page_ok is written
-  uint64_t* empty;                    // (stages) every consumer warp is done with the stage
+  uint64_t* empty;                    // (stages) every consumer thread is done with the stage
   const uint8_t** plane_base;         // (regions) byte of (page 0, token 0, column 0)
                                       // of this block's layer and kv head
   int* flags;                         // [0]: a bad page was met
@@ -778,8 +778,9 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
       if (++slot == g.stages) slot = 0, phase ^= 1;
     }
     // Every consumer is done with the stages: one block-wide barrier (id 0, all
-    // threads), taken by each warp in its own branch (warp-uniform: legal on sm_70+).
-    sync_threads(0, kThreads);
+    // threads) that the producer and the consumers reach from their own branches,
+    // in its non-aligned form (sync_threads).
+    sync_threads(0, kThreads);  // the consumers' barrier below, from this branch
   } else {
     typename Block::QFrags qf;
     const typename Block::Lane ln = block.lane_constants(qf);
@@ -1005,11 +1006,14 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
       case 128: bytes = carve<128>(nullptr, geo, n, nullptr); break;
       default: bytes = carve<256>(nullptr, geo, n, nullptr); break;
     }
-    return int(bytes + 128);  // the dynamic area's base is aligned up to 128 bytes
+    return int(bytes + 128);  // slack kept from the first design (the dynamic base is 128-byte aligned already)
   };
   kernel.blocks_per_sm = [&](const DecodeGeometry& geo) {
     DecodeParams q = p;
     q.geometry = geo;
+    // The bf16 instance stands for both query types: plan_decode (which knows no
+    // type) and the call must plan alike (ptxas gives both the same registers).
+    q.args.q_type = ElementType::kBFloat16;
     int per_sm = 0;
     e = dispatch(q, OccupancyOp{geo, &per_sm});
     return e == cudaSuccess ? per_sm : -1;
