@@ -121,6 +121,15 @@ void write_layout_file(const std::string& path, const Layout& l) {
   if (!out) throw ArgumentError("cannot write " + path);
 }
 
+// --inferred FILE: the inferred map where there is one, the layout itself where nothing was wrong,
+// nothing where a wrong region's map could not be inferred. The path written, if any.
+std::optional<std::string> write_inferred(const Args& a, const std::optional<Layout>& inferred, bool wrong, const Layout& l) {
+  const auto path = a.get("inferred");
+  if (!path || (wrong && !inferred)) return std::nullopt;
+  write_layout_file(*path, inferred ? *inferred : l);
+  return path;
+}
+
 int cmd_gen(const Args& a) {
   if (!a.positional().empty()) throw UsageError("unexpected argument " + quote_text(a.positional()[0]));
   const std::string out = required(a, "out");
@@ -249,17 +258,24 @@ int cmd_check_write(const Args& a) {
     const Kit kit = load_kit(dir, valid);
     r = check_write(kit, dumps, examples(a), progress.callback());
   }
-  if (const auto path = a.get("inferred")) write_layout_file(*path, r.writer_layout ? *r.writer_layout : l);
+  const auto misplaced = [&] {
+    for (const RegionWriteReport& x : r.regions)
+      if (x.verdict == RegionVerdict::kMisplaced) return true;
+    return false;
+  };
+  const std::optional<std::string> inferred = write_inferred(a, r.writer_layout, misplaced(), l);
   if (a.flag("json")) {
     Json j = Json::parse(r.json());
     j["dims"] = dims_json(l.dims);
-    if (const auto path = a.get("inferred")) j["inferred_file"] = *path;
+    if (inferred) j["inferred_file"] = *inferred;
     std::cout << json_envelope("conformance check-write", j.dump()) << "\n";
   } else {
     std::cout << r.text() << "\n";
     if (const auto path = a.get("inferred"))
-      std::cout << (r.writer_layout ? "the writer's map written to " : "no region misplaced: the layout written to ") << *path
-                << (r.writer_layout ? "; nvfp4kv layout compare " + *path + " " + required(a, "layout") + " compares it" : "")
+      std::cout << (r.writer_layout ? "the writer's map written to " + *path + "; nvfp4kv layout compare " + *path + " " +
+                                          required(a, "layout") + " compares it"
+                    : inferred    ? "no region misplaced: the layout written to " + *path
+                                  : "nothing written to " + *path + ": the writer's map is not known for every misplaced region")
                 << "\n";
   }
   return r.ok() ? kExitOk : kExitVerdict;
@@ -288,16 +304,19 @@ int cmd_check_read(const Args& a) {
     }
   }
   const Layout& l = valid.layout();
-  if (const auto path = a.get("inferred")) write_layout_file(*path, r.reader_layout ? *r.reader_layout : l);
+  const std::optional<std::string> inferred = write_inferred(a, r.reader_layout, !r.ok(), l);
   if (a.flag("json")) {
     Json j = Json::parse(r.json());
     j["dims"] = dims_json(l.dims);
-    if (const auto path = a.get("inferred")) j["inferred_file"] = *path;
+    if (inferred) j["inferred_file"] = *inferred;
     std::cout << json_envelope("conformance check-read", j.dump()) << "\n";
   } else {
     std::cout << r.text() << "\n";
     if (const auto path = a.get("inferred"))
-      std::cout << (r.reader_layout ? "the reader's map written to " : "nothing misread: the layout written to ") << *path << "\n";
+      std::cout << (r.reader_layout ? "the reader's map written to " + *path
+                    : inferred    ? "nothing misread: the layout written to " + *path
+                                  : "nothing written to " + *path + ": the reader's map is not known")
+                << "\n";
   }
   return r.ok() ? kExitOk : kExitVerdict;
 }

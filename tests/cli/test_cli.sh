@@ -329,6 +329,29 @@ expect_bounded 2 "--k .* has shape \(2, 128, 128\); it must be \(128, 2, 128\)" 
 expect_bounded 2 "has shape \(32768,\); it must be \(128, 2, 128\)" "$bin" conformance $rd "$kit" --k "$tmp/k-flat.npy" --v "$tmp/v2.npy"
 expect_bounded 2 "element type '<f8' is not float32, float16 or bfloat16" "$bin" conformance $rd "$kit" --k "$tmp/k-f64.npy" --v "$tmp/v2.npy"
 expect_bounded 2 "has shape \(0, 2, 128\); it must be \(128, 2, 128\)" "$bin" conformance $rd "$kit" --k "$tmp/k-empty.npy" --v "$tmp/v2.npy"
+# A writer that never writes V scales: v_scale misplaced and its map unknown, so --inferred
+# writes nothing and says so (no claimed layout passed off as the writer's).
+python3 - "$kit" "$tmp/fixed.bin" "$tmp/no-v-scales.bin" <<'PY'
+import sys, numpy as np
+kit, src, dst = sys.argv[1:]
+b = bytearray(open(src, "rb").read())
+H, N, D = 2, 16, 128
+F, dd = D // 2 + D // 16, D // 2
+for slot in np.load(kit + "/slot_mapping.npy"):
+    if slot < 0: continue
+    page, tok = divmod(int(slot), N)
+    for h in range(H):
+        at = H * F + dd + page * 2 * H * N * F + tok * 2 * H * F + h * F
+        b[at:at + D // 16] = b"\x88" * (D // 16)
+open(dst, "wb").write(b)
+PY
+rm -f "$tmp/none.json"
+expect_streams 1 "nothing written to .*none.json: the writer's map is not known for every misplaced region" \
+  "$bin" conformance $wr "$kit" --cache "$tmp/no-v-scales.bin" --inferred "$tmp/none.json"
+[ ! -e "$tmp/none.json" ] && grep -q "could not be inferred" "$tmp/out" && pass=$((pass + 1)) ||
+  { fail=$((fail + 1)); echo "FAIL: --inferred wrote a layout though v_scale's map is unknown"; }
+expect_json 1 "$bin" conformance $wr "$kit" --cache "$tmp/no-v-scales.bin"
+python3 -c "import json, sys; sys.exit(json.load(open('$tmp/out.json'))['not_inferred'] != ['v_scale'])" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: not_inferred in JSON"; }
 # Counts given are used or refused, never replaced by a default; a flag given twice is a usage error.
 expect_bounded 2 "--tokens must be at least 1, got -5" "$bin" conformance gen --layout vllm-packed-nhd-rows $s16 --out "$tmp/k5" --tokens -5
 expect_bounded 2 "--q-heads must be at least 1, got -8" "$bin" conformance gen --layout vllm-packed-nhd-rows $s16 --out "$tmp/k8" --q-heads -8
