@@ -284,7 +284,7 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
     l.buffers[i].bytes = need;
   }
   require_evaluable(l);  // and the sizes just worked out, with their total
-  return l;
+  return with_plain_modes(std::move(l));
 }
 
 std::string to_json(const Layout& l) {

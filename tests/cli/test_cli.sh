@@ -91,6 +91,8 @@ d32="--pages 2 --heads 2 --head-dim 32 --tokens-per-page 16"
 # 1. the 4-token interleave at D 32: TensorRT-LLM's spelling is sound there, FlashInfer's cannot be formed.
 expect_bounded 0 "sound: " "$bin" layout show trtllm $d32
 expect_bounded 0 "agree: " "$bin" layout compare trtllm trtllm $d32
+# ... and below 4 tokens per page, where the interleave is a plain stride.
+expect_bounded 0 "sound: " "$bin" layout check trtllm --pages 1 --heads 1 --head-dim 16 --tokens-per-page 3
 expect_bounded 2 "v_scale.column: inner extent sd/4 = 0 at head dim 32" "$bin" layout show flashinfer-trtllm-gen-hnd $d32
 expect_bounded 2 "inner extent sd/4 = 0" "$bin" layout compare flashinfer-trtllm-gen-hnd flashinfer-hnd $d32
 # 2. 100000 nested arrays (200 KB).
