@@ -3,8 +3,8 @@
 # the CPU suite, the ml_dtypes cross-check, the CLI contract (also against the
 # ASan/UBSan build), the fuzz targets' regression inputs and 60 s of fuzzing
 # each, the GPU tests (which skip with a message when there is no GPU), an
-# engine's CMake build against the installed package, then pip install . and
-# the Python tests.
+# engine's CMake build against the installed package, the demo script, then pip
+# install . in a fresh venv and the Python tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -19,10 +19,25 @@ cmake --preset cpu -DNVFP4KV_FUZZ_DIR="$fuzz_dir" >/dev/null
 cmake --build --preset cpu -j "$jobs"
 ctest --preset cpu -j "$jobs"
 
-# The Python package as a user installs it (docs/python.md), then its tests; the
+# The demo as a newcomer runs it: its own output first, the build's in a log.
+echo "=== scripts/demo.sh --cpu-only"
+scripts/demo.sh --cpu-only --tokens 64 >build/demo.out 2>&1 || { cat build/demo.out; exit 1; }
+if [ "$(sed -n 2p build/demo.out)" != "nvfp4kv demo" ] || grep -qE "Building|ptxas|warning" build/demo.out; then
+  echo "FAIL: scripts/demo.sh printed more than one line before the demo, or build output"; head -5 build/demo.out; exit 1
+fi
+
+# The Python package as a user installs it (docs/python.md): pip install . in a fresh venv,
+# its build requirements from PyPI and not the system's nlohmann-json headers, showing the
+# build's progress; then its tests, with the nvfp4kv command it put on the venv's PATH. The
 # GPU ones say why they are skipped where there is no GPU.
-echo "=== pip install . (CUDA kernels where nvcc is found)"
-CMAKE_BUILD_PARALLEL_LEVEL="$jobs" python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 |
-  { grep -v "Running pip as the 'root' user" || true; }
-(cd /tmp && python3 -c "import nvfp4kv; print(nvfp4kv.build_info)")
-python3 -m pytest tests/python -rs -q -p no:cacheprovider
+echo "=== pip install -v . into a fresh venv (CUDA kernels where nvcc is found)"
+rm -rf build/venv
+python3 -m venv --system-site-packages build/venv
+if ! CMAKE_ARGS="-DNVFP4KV_SYSTEM_JSON=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" build/venv/bin/python -m pip install -v . 2>&1 |
+  { grep -E "^ *\[ *[0-9]+(/[0-9]+|%)\]|nvfp4kv:|nlohmann|Successfully installed|rror" | cut -c1-160 || true; }; then
+  echo "FAIL: pip install . in a fresh venv"; exit 1
+fi
+venv_python="$PWD/build/venv/bin/python"
+(cd /tmp && "$venv_python" -c "import nvfp4kv; print(nvfp4kv.build_info)")
+build/venv/bin/nvfp4kv --version
+build/venv/bin/python -m pytest tests/python -rs -q -p no:cacheprovider

@@ -96,21 +96,9 @@ def from_json(text: str, *, layers: Optional[int] = None, pages: Optional[int] =
 
 
 def _instantiate(spec: LayoutSpec, layers, pages, tokens_per_page, heads, head_dim) -> Layout:
-    try:
-        return spec.instantiate(layers=layers, pages=pages, tokens_per_page=tokens_per_page, heads=heads,
-                                head_dim=head_dim)
-    except LayoutError as e:  # core names the CLI's flags; say the keyword arguments here
-        message = _keyword_message(str(e))
-        if message == str(e):
-            raise
-        raise LayoutError(message) from None
-
-
-def _keyword_message(message: str) -> str:
-    """A library message with the CLI's size and kit flags said as keyword arguments."""
-    for flag in ("layers", "pages", "tokens-per-page", "heads", "head-dim", "tokens", "q-heads"):
-        message = message.replace("--" + flag, flag.replace("-", "_") + "=")
-    return message
+    # The library's messages name the CLI's flags; _core says them as keyword arguments.
+    return spec.instantiate(layers=layers, pages=pages, tokens_per_page=tokens_per_page, heads=heads,
+                            head_dim=head_dim)
 
 
 def check_report(layout: Layout) -> CheckReport:
@@ -190,6 +178,13 @@ def _parse_device(device: Any) -> Tuple[bool, int]:
     raise ValueError("device: expected 'cpu', 'cuda', 'cuda:N' or an ordinal, got %r" % (device,))
 
 
+def _require_array(a: Any) -> None:
+    """A list or a scalar where an array belongs: said plainly, not as nanobind's signature mismatch."""
+    if a is not None and not hasattr(a, "__dlpack__") and not hasattr(a, "__array_interface__"):
+        raise TypeError("expected an array (NumPy, PyTorch, CuPy, JAX: anything with __dlpack__), got a %s; "
+                        "np.asarray(x, dtype=...) makes one" % type(a).__name__)
+
+
 class Cache:
     """The buffers of one proven layout, its per-layer global scales and status
     counters, and the operations on them.
@@ -223,7 +218,13 @@ class Cache:
         else:
             cuda, index = _parse_device(device)
         if cuda and not has_cuda:
-            raise UnsupportedError("device %r: this nvfp4kv was built without CUDA (%s)" % (device, build_info))
+            raise UnsupportedError("device %r: this nvfp4kv was built without CUDA (%s): use device='cpu'"
+                                   % (device, build_info))
+        if cuda and buffers is None:
+            ok, why = _core.cuda_device_available()
+            if not ok:
+                raise UnsupportedError("no CUDA GPU (%s): use device='cpu' for a cache in host memory run by the "
+                                       "CPU reference" % why)
         self._c = _core.Cache(valid, cuda, index, None if buffers is None else list(buffers), global_scales)
 
     @property
@@ -253,7 +254,7 @@ class Cache:
         k_scale, v_scale: optional one-element float32 arrays on the cache's
                 device overriding this layer's global scales.
         """
-        self._c.store(k, v, slots, layer, rule, self._stream(stream, k, v, slots), k_scale, v_scale)
+        self._c.store(k, v, slots, layer, rule, self._stream(stream, k, v, slots, k_scale, v_scale), k_scale, v_scale)
 
     def gather(self, block_table: Any, cu_seqlens: Any, layer: int, k_out: Any, v_out: Any, *,
                stream: Any = None) -> None:
@@ -267,7 +268,7 @@ class Cache:
                 promise: the offsets live in device memory). Entries outside
                 [0, pages) give NaN rows and are counted in status()["bad_pages"].
         """
-        self._c.gather(block_table, cu_seqlens, layer, k_out, v_out, self._stream(stream, k_out, block_table))
+        self._c.gather(block_table, cu_seqlens, layer, k_out, v_out, self._stream(stream, k_out, block_table, cu_seqlens, v_out))
 
     def decode(self, q: Any, block_table: Any, seq_lens: Any, layer: int, out: Any, *,
                cu_seqlens: Any = None, softmax_scale: Optional[float] = None, window: int = 0,
@@ -293,8 +294,9 @@ class Cache:
         """
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(self.dims.head_dim)
+        stream = self._stream(stream, q, out, block_table, seq_lens, cu_seqlens, sinks, lse, workspace)
         self._c.decode(q, block_table, seq_lens, cu_seqlens, layer, out, float(softmax_scale), int(window),
-                       float(softcap), sinks, lse, workspace, self._stream(stream, q, out, block_table))
+                       float(softcap), sinks, lse, workspace, stream)
 
     def decode_workspace_bytes(self, batch: int, q_heads: int, block_table_stride: int) -> int:
         """Workspace bytes a GPU decode of this shape needs (0: sequences are not split)."""
@@ -331,6 +333,8 @@ class Cache:
         return self._c.buffer(index, layer)
 
     def _stream(self, stream: Any, *arrays: Any) -> int:
+        for a in arrays:  # every call passes its arrays here first
+            _require_array(a)
         return _streams.resolve(stream, *arrays) if self.device != "cpu" else 0
 
     def __repr__(self) -> str:

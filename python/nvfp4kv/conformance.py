@@ -23,24 +23,13 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import ArgumentError, Dims, Layout, Plan, ValidLayout, _core, _keyword_message, check
+from . import ArgumentError, Dims, Layout, Plan, ValidLayout, _core, _require_array, check
 from . import load as _load_layout
 
 __all__ = ["Kit", "ReadReport", "WriteReport", "check_read_attention", "check_read_rows", "check_write", "gen",
            "load_kit"]
 
 LayoutLike = Union[Layout, ValidLayout, Plan]
-
-
-def _with_keywords(call, *args):
-    """Run a _core call, saying the keyword arguments where the library names the CLI's flags."""
-    try:
-        return call(*args)
-    except ArgumentError as e:
-        message = _keyword_message(str(e))
-        if message == str(e):
-            raise
-        raise ArgumentError(message) from None
 
 
 def _bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -263,8 +252,8 @@ def gen(layout: LayoutLike, out_dir: Optional[Union[str, os.PathLike]] = None, *
     q_heads: query heads of the attention probes, a multiple of the kv heads (0: as many).
     seed:    of the sequence lengths and the page order.
     """
-    kit = Kit(_with_keywords(_core.conformance_generate, check(layout), int(tokens), _dtype_name(dtype), int(layer),
-                             int(q_heads), int(seed)))
+    kit = Kit(_core.conformance_generate(check(layout), int(tokens), _dtype_name(dtype), int(layer), int(q_heads),
+                                         int(seed)))
     if out_dir is not None:
         kit.write(out_dir)
     return kit
@@ -422,6 +411,7 @@ def check_write(kit: Kit, buffers: Any, max_examples: int = 8) -> WriteReport:
 
 def _reader_array(a: Any) -> Any:
     """NumPy bf16 (ml_dtypes) or uint16 bf16 bit patterns as float32; anything else as it is."""
+    _require_array(a)
     if isinstance(a, np.ndarray) and a.dtype.name == "bfloat16":
         return a.astype(np.float32)
     if isinstance(a, np.ndarray) and a.dtype == np.uint16:

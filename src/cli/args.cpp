@@ -78,6 +78,7 @@ Args::Args(const std::vector<std::string>& argv, const CommandSpec& spec) {
     }
     if (!o->value) {
       if (inline_value) throw UsageError("--" + name + " takes no value");
+      if (flags_.count(name)) throw UsageError("--" + name + " is given twice");
       flags_[name] = true;
       continue;
     }
@@ -229,6 +230,8 @@ Json element_json(Region r, const Coord& c) {
           {"token", c.token}, {"head", c.head}, {"column", c.column}};
 }
 
+const char* verdict_name(const CheckReport& r) { return r.ok ? "sound" : r.undecided ? "undecided" : "rejected"; }
+
 Json check_json(const CheckReport& r) {
   Json access = Json::object();
   for (Region reg : kAllRegions) {
@@ -241,7 +244,7 @@ Json check_json(const CheckReport& r) {
                  {"b", element_json(r.collision->b, r.collision->coord_b)},
                  {"buffer", r.collision->buffer},
                  {"byte", r.collision->byte}};
-  return {{"verdict", r.ok ? "sound" : "rejected"},
+  return {{"verdict", verdict_name(r)},
           {"ok", r.ok},
           {"summary", r.summary()},
           {"problems", r.problems},

@@ -108,6 +108,8 @@ using Json = nlohmann::ordered_json;
 // Pieces the commands' JSON shares (docs/cli-json.md names them).
 Json dims_json(const CacheDims& d);
 Json element_json(Region r, const Coord& c);
+// "sound", "rejected" or "undecided" (past the proof's bounds), as JSON names a verdict.
+const char* verdict_name(const CheckReport& r);
 Json check_json(const CheckReport& r);
 Json provenance_json(const Provenance& p);
 Json layout_json(const Layout& l);  // the text form: a file `layout check` loads

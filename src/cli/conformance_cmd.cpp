@@ -3,13 +3,13 @@
 // work; this reads and writes files and prints.
 #include <fstream>
 #include <iostream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli.hpp"
 #include "nvfp4kv/conformance/check.hpp"
 #include "nvfp4kv/conformance/npy.hpp"
+#include "nvfp4kv/core/files.hpp"
 #include "nvfp4kv/core/names.hpp"
 
 namespace nvfp4kv::cli {
@@ -114,16 +114,20 @@ int examples(const Args& a) {
   return int(n);
 }
 
-std::vector<uint8_t> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ArgumentError("cannot read " + path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 void write_layout_file(const std::string& path, const Layout& l) {
+  require_writable_path(path, "--inferred");
   std::ofstream out(path);
   out << to_json(l) << "\n";
   if (!out) throw ArgumentError("cannot write " + path);
+}
+
+// --inferred FILE: the inferred map where there is one, the layout itself where nothing was wrong,
+// nothing where a wrong region's map could not be inferred. The path written, if any.
+std::optional<std::string> write_inferred(const Args& a, const std::optional<Layout>& inferred, bool wrong, const Layout& l) {
+  const auto path = a.get("inferred");
+  if (!path || (wrong && !inferred)) return std::nullopt;
+  write_layout_file(*path, inferred ? *inferred : l);
+  return path;
 }
 
 int cmd_gen(const Args& a) {
@@ -141,9 +145,15 @@ int cmd_gen(const Args& a) {
     return verdict_code(res.report);
   }
   KitOptions o;
-  o.tokens = a.integer("tokens").value_or(0);
+  // Given counts are used as given: a nonpositive one is an error, never the default.
+  const auto count = [&](const char* name) -> int64_t {
+    const auto v = a.integer(name);
+    if (v && *v < 1) throw UsageError(std::string("--") + name + " must be at least 1, got " + std::to_string(*v));
+    return v.value_or(0);  // 0: the kit picks its default
+  };
+  o.tokens = count("tokens");
   o.layer = a.integer("layer").value_or(0);
-  o.q_heads = a.integer("q-heads").value_or(0);
+  o.q_heads = count("q-heads");
   o.seed = uint64_t(a.integer("seed").value_or(1));
   const std::string dtype = a.get("dtype").value_or("bf16");
   if (dtype != "bf16" && dtype != "fp16") throw UsageError("--dtype expects bf16 or fp16, got " + quote_text(dtype));
@@ -238,7 +248,8 @@ int cmd_check_write(const Args& a) {
   std::vector<std::vector<uint8_t>> dumps;
   for (size_t i = 0; i < files.size(); ++i) {
     if (!files[i]) throw UsageError("--cache " + names[i] + "=FILE is missing: the writer's copy of every buffer is needed");
-    dumps.push_back(read_file(*files[i]));
+    // A regular file no larger than the buffer, refused from its size before it is read.
+    dumps.push_back(read_regular_file(*files[i], l.buffers[i].bytes, "--cache " + names[i]));
   }
   WriteReport r;
   {
@@ -247,24 +258,27 @@ int cmd_check_write(const Args& a) {
     const Kit kit = load_kit(dir, valid);
     r = check_write(kit, dumps, examples(a), progress.callback());
   }
-  if (const auto path = a.get("inferred")) write_layout_file(*path, r.writer_layout ? *r.writer_layout : l);
+  const auto misplaced = [&] {
+    for (const RegionWriteReport& x : r.regions)
+      if (x.verdict == RegionVerdict::kMisplaced) return true;
+    return false;
+  };
+  const std::optional<std::string> inferred = write_inferred(a, r.writer_layout, misplaced(), l);
   if (a.flag("json")) {
     Json j = Json::parse(r.json());
     j["dims"] = dims_json(l.dims);
-    if (const auto path = a.get("inferred")) j["inferred_file"] = *path;
+    if (inferred) j["inferred_file"] = *inferred;
     std::cout << json_envelope("conformance check-write", j.dump()) << "\n";
   } else {
     std::cout << r.text() << "\n";
     if (const auto path = a.get("inferred"))
-      std::cout << (r.writer_layout ? "the writer's map written to " : "no region misplaced: the layout written to ") << *path
-                << (r.writer_layout ? "; nvfp4kv layout compare " + *path + " " + required(a, "layout") + " compares it" : "")
+      std::cout << (r.writer_layout ? "the writer's map written to " + *path + "; nvfp4kv layout compare " + *path + " " +
+                                          required(a, "layout") + " compares it"
+                    : inferred    ? "no region misplaced: the layout written to " + *path
+                                  : "nothing written to " + *path + ": the writer's map is not known for every misplaced region")
                 << "\n";
   }
   return r.ok() ? kExitOk : kExitVerdict;
-}
-
-std::vector<float> read_floats(const std::string& path, const std::string& what) {
-  return npy_to_floats(read_npy(path), what + " (" + path + ")");
 }
 
 int cmd_check_read(const Args& a) {
@@ -279,20 +293,30 @@ int cmd_check_read(const Args& a) {
     StderrProgress progress("conformance check-read");
     progress.callback()("loading the kit", 0.0);
     const Kit kit = load_kit(dir, valid);
-    r = out ? check_read_attention(kit, read_floats(*out, "--out"), examples(a), progress.callback())
-            : check_read_rows(kit, read_floats(*k, "--k"), read_floats(*v, "--v"), examples(a), progress.callback());
+    // Each array exactly the shape the kit's readers produce, as Python's check_read takes it.
+    const int64_t R = int64_t(kit.read_rows.size()), H = kit.dims().heads, D = kit.dims().head_dim;
+    if (out) {
+      r = check_read_attention(kit, read_npy_floats(*out, {kit.probes(), kit.q_heads, D}, "--out"), examples(a),
+                               progress.callback());
+    } else {
+      const std::vector<float> k_rows = read_npy_floats(*k, {R, H, D}, "--k");
+      r = check_read_rows(kit, k_rows, read_npy_floats(*v, {R, H, D}, "--v"), examples(a), progress.callback());
+    }
   }
   const Layout& l = valid.layout();
-  if (const auto path = a.get("inferred")) write_layout_file(*path, r.reader_layout ? *r.reader_layout : l);
+  const std::optional<std::string> inferred = write_inferred(a, r.reader_layout, !r.ok(), l);
   if (a.flag("json")) {
     Json j = Json::parse(r.json());
     j["dims"] = dims_json(l.dims);
-    if (const auto path = a.get("inferred")) j["inferred_file"] = *path;
+    if (inferred) j["inferred_file"] = *inferred;
     std::cout << json_envelope("conformance check-read", j.dump()) << "\n";
   } else {
     std::cout << r.text() << "\n";
     if (const auto path = a.get("inferred"))
-      std::cout << (r.reader_layout ? "the reader's map written to " : "nothing misread: the layout written to ") << *path << "\n";
+      std::cout << (r.reader_layout ? "the reader's map written to " + *path
+                    : inferred    ? "nothing misread: the layout written to " + *path
+                                  : "nothing written to " + *path + ": the reader's map is not known")
+                << "\n";
   }
   return r.ok() ? kExitOk : kExitVerdict;
 }

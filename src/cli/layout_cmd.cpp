@@ -102,7 +102,7 @@ int cmd_presets(const Args& a) {
     std::cout << "built-in layouts (verdicts at layers 1, pages 4, tokens/page 16, heads 8, head dim 128):\n";
   for (const PresetInfo& p : list_presets()) {
     const CheckResult res = check(instantiate(preset_spec(p.name), kListingDims));
-    list.push_back({{"name", p.name}, {"verdict", res.report.ok ? "sound" : "rejected"}, {"summary", p.summary},
+    list.push_back({{"name", p.name}, {"verdict", verdict_name(res.report)}, {"summary", p.summary},
                     {"provenance", provenance_json(p.provenance)}, {"former_names", p.former_names}});
     if (a.flag("json")) continue;
     std::cout << "  " << std::left << std::setw(33) << p.name << std::right << (res.report.ok ? "sound   " : "REJECTED")

@@ -8,7 +8,6 @@
 
 #include "cli.hpp"
 #include "nvfp4kv/core/names.hpp"
-#include "nvfp4kv/core/version.hpp"
 
 namespace {
 
@@ -31,7 +30,7 @@ void usage(std::FILE* to) {
       "  nvfp4kv conformance check-write --layout LAYOUT --dir DIR --cache BUFFER=FILE ...   check its writer\n"
       "  nvfp4kv conformance check-read --layout LAYOUT --dir DIR (--k FILE --v FILE | --out FILE)   its reader\n"
       "  nvfp4kv bench decode [options]             time decode attention on the GPU\n"
-      "  nvfp4kv --version\n"
+      "  nvfp4kv --version                          the version, its CUDA version and GPU targets (or CPU only)\n"
       "\n"
       "nvfp4kv COMMAND --help lists a command's options. LAYOUT is a preset name or a JSON file\n"
       "(docs/layouts.md); sizes: --layers --pages --heads --head-dim --tokens-per-page where the layout\n"
@@ -64,7 +63,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> rest(argv + 2, argv + argc);
   try {
     if (cmd == "--version" || cmd == "version") {
-      std::cout << "nvfp4kv " << nvfp4kv::kVersion << "\n";
+      // The version, and what this build holds: its CUDA version and GPU targets, or CPU only.
+      std::cout << NVFP4KV_BUILD_INFO << "\n";
       return kExitOk;
     }
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {

@@ -277,6 +277,8 @@ void infer_reader(const Kit& kit, const std::vector<BlockRead>& misread, ReadRep
     if (fit.fitted) {
       reader.regions[size_t(r)] = fit.map;
       any = true;
+    } else {
+      rep.not_inferred.push_back(r);
     }
   }
   if (!any) return;
@@ -288,7 +290,7 @@ void infer_reader(const Kit& kit, const std::vector<BlockRead>& misread, ReadRep
                                  {"a conformance kit for \"" + l.name + "\": the reader's output over its cache"}, {}, ""};
   for (const MapDifference& m : rep.differences) reader.provenance.expressions.push_back(m.text("the layout"));
   if (reader.provenance.expressions.empty()) reader.provenance.expressions.push_back("the layout's own map");
-  rep.reader_layout = std::move(reader);
+  if (rep.not_inferred.empty()) rep.reader_layout = std::move(reader);  // every misread region's map, or none
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // (docs/conformance.md, "check-write").
 #include <algorithm>
 #include <set>
+#include <tuple>
 #include <sstream>
 
 #include "nvfp4kv/conformance/check.hpp"
@@ -99,16 +100,21 @@ WriteReport check_write(const Kit& kit, const std::vector<std::vector<uint8_t>>&
     if (differ == 0 && !scale_differs) continue;
     float x[kBlockSize];
     kit.block_values(id, x);
-    if (const auto p = explaining_policy(x, kit.global_scale(id.side), written_scale, written)) {
-      for (RegionWriteReport* r : {&rd, &rs}) {
-        const int64_t n = r == &rd ? differ : int64_t(scale_differs);
-        r->rounding += n;
-        if (n > 0 && (!r->policy || int(*p) > int(*r->policy))) r->policy = *p;
-      }
-      continue;
+    // Data and scale judged apart when no policy explains the block whole: a misplaced scale
+    // must not make codes rounded beside the writer's own scale look misplaced, nor the reverse.
+    const float gs = kit.global_scale(id.side);
+    std::optional<RoundingPolicy> data_policy = explaining_policy(x, gs, written_scale, written), scale_policy = data_policy;
+    if (!data_policy) {
+      data_policy = data_explaining_policy(x, gs, written);
+      scale_policy = scale_explaining_policy(x, gs, written_scale);
+    }
+    for (auto [r, n, p] : {std::tuple{&rd, int64_t(differ), data_policy}, {&rs, int64_t(scale_differs), scale_policy}}) {
+      if (n == 0 || !p) continue;
+      r->rounding += n;
+      if (!r->policy || int(*p) > int(*r->policy)) r->policy = *p;
     }
     const auto holds = [&](const Location& at) { return trace.describe(kit, dumps, at); };
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < 8 && !data_policy; ++j) {
       if (written[j] == kit.cache[size_t(data_at[size_t(j)].buffer)][size_t(data_at[size_t(j)].byte)]) continue;
       ElementPlace e{reg.data, {layer, cell->first, cell->second, id.head, id.group * 8 + j}, id.row, data_at[size_t(j)],
                      std::nullopt, holds(data_at[size_t(j)])};
@@ -118,7 +124,7 @@ WriteReport check_write(const Kit& kit, const std::vector<std::vector<uint8_t>>&
       ++(e.found ? rd.found_elsewhere : rd.not_found);
       wrong[size_t(reg.data)].push_back(std::move(e));
     }
-    if (scale_differs) {
+    if (scale_differs && !scale_policy) {
       ElementPlace e{reg.scale, {layer, cell->first, cell->second, id.head, id.group}, id.row, scale_at, std::nullopt,
                      holds(scale_at)};
       for (const Location& at : trace.scale_of(kit, id))
@@ -146,7 +152,10 @@ WriteReport check_write(const Kit& kit, const std::vector<std::vector<uint8_t>>&
     if (rr.verdict != RegionVerdict::kMisplaced) continue;
     const RegionFit fit = fit_region(trace.observations(kit, r), l, r, layer);
     rr.writer_map = fit;
-    if (!fit.fitted) continue;
+    if (!fit.fitted) {
+      rep.not_inferred.push_back(r);
+      continue;
+    }
     writer.regions[size_t(r)] = fit.map;
     inferred = true;
     for (ElementPlace& e : rr.examples) {
@@ -169,9 +178,13 @@ WriteReport check_write(const Kit& kit, const std::vector<std::vector<uint8_t>>&
                                    {}, ""};
     for (const MapDifference& m : rep.differences) writer.provenance.expressions.push_back(m.text("the layout"));
     if (writer.provenance.expressions.empty()) writer.provenance.expressions.push_back("the layout's own map");
-    const CheckResult res = check(writer);
-    rep.writer_layout_check = res.report.summary();
-    rep.writer_layout = std::move(writer);
+    // A layout only when every misplaced region's map was inferred: one that keeps the claimed
+    // map for a region the writer put elsewhere would describe neither.
+    if (rep.not_inferred.empty()) {
+      const CheckResult res = check(writer);
+      rep.writer_layout_check = res.report.summary();
+      rep.writer_layout = std::move(writer);
+    }
   }
 
   // Bytes written outside the stored rows' cells.

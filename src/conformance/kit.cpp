@@ -195,6 +195,8 @@ Kit generate(const ValidLayout& valid, const KitOptions& opt) {
   for (const Buffer& b : l.buffers) cache_bytes += b.bytes;
   require(cache_bytes <= kMaxCacheBytes, "the cache's buffers hold " + std::to_string(cache_bytes) +
                                              " bytes, more than a kit's 16 MiB; use fewer pages, heads or layers");
+  require(opt.tokens >= 0 && opt.q_heads >= 0, "tokens and q_heads are counts (0 picks the default), got " +
+                                                  std::to_string(opt.tokens) + " and " + std::to_string(opt.q_heads));
   const int64_t capacity = d.pages * d.tokens_per_page;
   const int64_t tokens = opt.tokens > 0 ? opt.tokens : std::max<int64_t>(1, std::min<int64_t>(capacity / 2, 512));
   require(tokens >= 1 && tokens <= kMaxTokens,

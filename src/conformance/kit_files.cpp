@@ -1,13 +1,14 @@
 // The kit's files: what write_kit writes and load_kit checks (docs/conformance.md, "Files").
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "nvfp4kv/conformance/kit.hpp"
 #include "nvfp4kv/conformance/npy.hpp"
+#include "nvfp4kv/core/files.hpp"
 #include "nvfp4kv/core/layout_diff.hpp"
 #include "nvfp4kv/core/version.hpp"
+#include "../core/strict_json.hpp"
 
 namespace nvfp4kv::conformance {
 namespace {
@@ -16,6 +17,9 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 constexpr const char* kKind = "nvfp4kv-conformance-kit";
+// A manifest lists at most 16384 tokens' sequences and one layout: well under 16 MiB, 8 levels deep.
+constexpr size_t kMaxManifestBytes = size_t(16) << 20;
+constexpr size_t kMaxManifestDepth = 32;
 
 // cache/NAME.bin for a buffer whose name is a plain file name, cache/bufferI.bin otherwise.
 std::string buffer_file(const Layout& l, size_t i) {
@@ -26,12 +30,6 @@ std::string buffer_file(const Layout& l, size_t i) {
 }
 
 const char* type_name(ElementType t) { return t == ElementType::kFloat16 ? "fp16" : "bf16"; }
-
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ArgumentError("cannot read " + path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 // Whether two layouts place every element alike and size every buffer alike.
 std::string layout_mismatch(const Layout& a, const Layout& b) {
@@ -174,13 +172,16 @@ void write_kit(const Kit& kit, const std::string& dir) {
 
 KitManifest read_manifest(const std::string& dir) {
   const std::string file = (fs::path(dir) / "manifest.json").string();
-  std::ifstream in(file);
-  if (!in) throw ArgumentError("cannot read " + file + " (is " + dir + " a kit from nvfp4kv conformance gen?)");
+  std::error_code ec;
+  if (!fs::exists(file, ec)) throw ArgumentError("cannot read " + file + " (is " + dir + " a kit from nvfp4kv conformance gen?)");
+  // The layout loader's bounds: a regular file of bounded size, nesting and no duplicate keys, so
+  // a hostile manifest is refused while parsing, never recursed into afterwards.
   json m;
   try {
-    m = json::parse(in);
-  } catch (const json::exception& e) {
-    throw ArgumentError(file + " is not valid JSON: " + e.what());
+    m = detail::parse_json_strict(read_text_file(file, kMaxManifestBytes, "the kit's manifest"),
+                                  {"manifest", kMaxManifestBytes, kMaxManifestDepth, false});
+  } catch (const ArgumentError& e) {
+    throw ArgumentError(file + ": " + e.what());
   }
   try {
     if (m.value("kind", "") != kKind) throw ArgumentError(file + " is not an nvfp4kv conformance kit manifest");
@@ -216,7 +217,7 @@ Kit load_kit(const std::string& dir, const ValidLayout& valid) {
   Kit kit = generate(valid, m.options);
   for (size_t i = 0; i < l.buffers.size(); ++i) {
     const std::string f = (fs::path(dir) / buffer_file(l, i)).string();
-    if (read_bytes(f) != kit.cache[i])
+    if (read_regular_file(f, int64_t(kit.cache[i].size()), "the kit's cache") != kit.cache[i])
       throw ArgumentError(f + " is not the cache this nvfp4kv generates from " + dir +
                   "/manifest.json (modified, or written by another version); generate the kit again");
   }

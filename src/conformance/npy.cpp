@@ -2,16 +2,17 @@
 
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 
 #include "nvfp4kv/core/error.hpp"
+#include "nvfp4kv/core/files.hpp"
 
 namespace nvfp4kv::conformance {
 namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMaxHeader = 65536;
+constexpr int64_t kMaxNpyBytes = int64_t(1) << 32;  // 4 GiB: far past any kit array
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "(";
@@ -88,30 +89,52 @@ void write_npy(const std::string& path, const NpyArray& a) {
   if (!out) throw ArgumentError("cannot write " + path);
 }
 
-NpyArray read_npy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ArgumentError("cannot read " + path);
+namespace {
+
+// The kinds npy_to_floats converts (after the byte-order character).
+bool float_kind(const std::string& descr) {
+  const std::string k = descr.substr(1);
+  return k == "f4" || k == "f2" || k == "u2" || k == "i2" || k == "V2";
+}
+
+const char* kFloatKinds = "float32, float16 or bfloat16 (bf16 as '<u2'/'<i2' bit patterns or a 2-byte void type)";
+
+// read_npy, refusing data past `max_data_bytes` and, given `want_shape`, any other shape, and with
+// `floats_only` any type npy_to_floats does not take: all before the data is read.
+NpyArray read_npy_bounded(const std::string& path, int64_t max_data_bytes, const std::vector<int64_t>* want_shape,
+                          bool floats_only, const std::string& what) {
+  // A regular file only (a FIFO or a device is refused unopened); its size, from fstat, must be
+  // the header's plus the shape's before a byte of the data is read or allocated.
+  RegularFile in(path, what);
+  const std::string& name = in.label();
   char head[10];
-  if (!in.read(head, 10) || std::memcmp(head, kMagic, 6) != 0) throw ArgumentError(path + " is not a .npy file");
+  if (in.size() < 10) throw ArgumentError(name + " is not a .npy file");
+  in.read(head, 10);
+  if (std::memcmp(head, kMagic, 6) != 0) throw ArgumentError(name + " is not a .npy file");
   const int major = head[6];
   size_t header_len = uint8_t(head[8]) | size_t(uint8_t(head[9])) << 8;
   if (major == 2 || major == 3) {
     char more[2];
-    if (!in.read(more, 2)) throw ArgumentError(path + ": truncated .npy header");
+    if (in.remaining() < 2) throw ArgumentError(name + ": truncated .npy header");
+    in.read(more, 2);
     header_len |= size_t(uint8_t(more[0])) << 16 | size_t(uint8_t(more[1])) << 24;
   } else if (major != 1) {
-    throw ArgumentError(path + ": .npy format version " + std::to_string(major) + " is not supported (1, 2, 3 are)");
+    throw ArgumentError(name + ": .npy format version " + std::to_string(major) + " is not supported (1, 2, 3 are)");
   }
-  if (header_len > kMaxHeader) throw ArgumentError(path + ": .npy header of " + std::to_string(header_len) + " bytes is past 64 KiB");
+  if (header_len > kMaxHeader) throw ArgumentError(name + ": .npy header of " + std::to_string(header_len) + " bytes is past 64 KiB");
+  if (int64_t(header_len) > in.remaining()) throw ArgumentError(name + ": truncated .npy header");
   std::string header(header_len, '\0');
-  if (!in.read(header.data(), std::streamsize(header_len))) throw ArgumentError(path + ": truncated .npy header");
+  in.read(header.data(), int64_t(header_len));
   NpyArray a;
-  a.descr = dict_value(header, "descr", path);
-  if (dict_value(header, "fortran_order", path).find("False") == std::string::npos)
-    throw ArgumentError(path + ": Fortran-order arrays are not supported; save it with np.ascontiguousarray");
+  a.descr = dict_value(header, "descr", name);
+  if (dict_value(header, "fortran_order", name).find("False") == std::string::npos)
+    throw ArgumentError(name + ": Fortran-order arrays are not supported; save it with np.ascontiguousarray");
   if (a.descr.size() < 3 || (a.descr[0] != '<' && a.descr[0] != '|') || a.item_bytes() < 1 || a.item_bytes() > 16)
-    throw ArgumentError(path + ": element type '" + a.descr + "' is not a little-endian scalar type");
-  const std::string shape = dict_value(header, "shape", path);
+    throw ArgumentError(name + ": element type '" + a.descr + "' is not a little-endian scalar type");
+  if (floats_only && !float_kind(a.descr))
+    throw ArgumentError(name + ": element type '" + a.descr + "' is not " + kFloatKinds +
+                        ": save what the reader produced, in its own type, without widening it");
+  const std::string shape = dict_value(header, "shape", name);
   std::stringstream s(shape.substr(1, shape.size() - 2));
   std::string item;
   __extension__ typedef __int128 i128;
@@ -123,17 +146,34 @@ NpyArray read_npy(const std::string& path) {
       d = std::stoll(item);
     } catch (const std::exception&) {
     }
-    if (d < 0) throw ArgumentError(path + ": .npy shape " + shape + " is not a tuple of sizes");
+    if (d < 0) throw ArgumentError(name + ": .npy shape " + shape + " is not a tuple of sizes");
     a.shape.push_back(d);
     count *= d;
-    if (count > (i128(1) << 40)) throw ArgumentError(path + ": .npy shape " + shape + " is too large");
+    if (count > (i128(1) << 40)) throw ArgumentError(name + ": .npy shape " + shape + " is too large");
   }
+  if (want_shape && a.shape != *want_shape)
+    throw ArgumentError(name + " has shape " + shape_text(a.shape) + "; it must be " + shape_text(*want_shape) +
+                        " (same element count is not enough: the axes are read as named)");
   const i128 want = count * a.item_bytes();
-  a.bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  if (i128(a.bytes.size()) != want)
-    throw ArgumentError(path + ": shape " + shape + " of '" + a.descr + "' needs " + std::to_string(int64_t(want)) +
-                " bytes of data, the file holds " + std::to_string(a.bytes.size()));
+  if (want > max_data_bytes)
+    throw ArgumentError(name + ": shape " + shape + " of '" + a.descr + "' is " + std::to_string(int64_t(want)) +
+                        " bytes of data, past the " + std::to_string(max_data_bytes) + " expected");
+  if (i128(in.remaining()) != want)
+    throw ArgumentError(name + ": shape " + shape + " of '" + a.descr + "' needs " + std::to_string(int64_t(want)) +
+                        " bytes of data, the file holds " + std::to_string(in.remaining()));
+  a.bytes.resize(size_t(want));
+  in.read(a.bytes.data(), int64_t(want));
   return a;
+}
+
+}  // namespace
+
+NpyArray read_npy(const std::string& path) { return read_npy_bounded(path, kMaxNpyBytes, nullptr, false, ""); }
+
+std::vector<float> read_npy_floats(const std::string& path, const std::vector<int64_t>& shape, const std::string& what) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return npy_to_floats(read_npy_bounded(path, 4 * n, &shape, true, what), what + " (" + path + ")");
 }
 
 NpyArray npy_f32(const std::vector<float>& v, std::vector<int64_t> shape) { return npy_of(v, "<f4", std::move(shape)); }
@@ -149,21 +189,14 @@ std::vector<float> npy_to_floats(const NpyArray& a, const std::string& what) {
   const uint8_t* p = a.bytes.data();
   const std::string kind = a.descr.substr(1);
   if (kind == "f4") {
-    std::memcpy(out.data(), p, n * 4);
-  } else if (kind == "f8") {
-    for (size_t i = 0; i < n; ++i) {
-      double d;
-      std::memcpy(&d, p + 8 * i, 8);
-      out[i] = float(d);
-    }
-  } else if (kind == "f2" || kind == "u2" || kind == "i2" || kind == "V2") {
+    if (n > 0) std::memcpy(out.data(), p, n * 4);  // an empty array has no data pointer
+  } else if (float_kind(a.descr)) {
     for (size_t i = 0; i < n; ++i) {
       const uint16_t b = uint16_t(p[2 * i] | p[2 * i + 1] << 8);
       out[i] = kind == "f2" ? fp16_to_float(b) : bf16_to_float(b);
     }
   } else {
-    throw ArgumentError(what + ": element type '" + a.descr +
-                "' is not float32, float16 or bfloat16 (bf16 as '<u2'/'<i2' bit patterns or a 2-byte void type)");
+    throw ArgumentError(what + ": element type '" + a.descr + "' is not " + kFloatKinds);
   }
   return out;
 }

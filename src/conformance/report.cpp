@@ -46,6 +46,20 @@ Json differences_json(const std::vector<MapDifference>& diffs, const char* a_key
   return out;
 }
 
+Json region_names(const std::vector<Region>& regions) {
+  Json out = Json::array();
+  for (Region r : regions) out.push_back(region_name(r));
+  return out;
+}
+
+// Why no layout of the writer's or reader's map is given though a region is wrong.
+std::string not_inferred_text(const std::vector<Region>& regions, const std::string& who) {
+  if (regions.empty()) return "";
+  std::string names;
+  for (Region r : regions) names += (names.empty() ? "" : ", ") + std::string(region_name(r));
+  return "  no layout of the " + who + "'s map: the map of " + names + " could not be inferred\n";
+}
+
 void print_fit(std::ostream& s, const std::string& who, const std::array<std::optional<RegionFit>, kRegionCount>& fits,
                const std::vector<MapDifference>& diffs) {
   bool any = false;
@@ -100,6 +114,7 @@ std::string WriteReport::text() const {
   for (const RegionWriteReport& r : regions) fits[size_t(r.region)] = r.writer_map;
   print_fit(s, "writer", fits, differences);
   if (writer_layout) s << "  the writer's map as a layout: " << writer_layout_check << "\n";
+  s << not_inferred_text(not_inferred, "writer");
   const auto runs = [&](const char* what, int64_t bytes, const std::vector<TouchedRun>& list) {
     if (bytes == 0) return;
     s << "  " << bytes << " bytes written " << what << ":\n";
@@ -186,6 +201,7 @@ std::string WriteReport::json() const {
             {"misplaced_there", misplaced_there},
             {"padding_rows_written", padding_rows_written},
             {"differences", differences_json(differences, "writer")},
+            {"not_inferred", region_names(not_inferred)},
             {"writer_layout", writer_layout ? Json::parse(to_json(*writer_layout)) : Json(nullptr)},
             {"writer_layout_check", writer_layout ? Json(writer_layout_check) : Json(nullptr)}};
   return j.dump();
@@ -256,6 +272,7 @@ std::string ReadReport::text() const {
     }
   }
   print_fit(s, "reader", reader_maps, differences);
+  s << not_inferred_text(not_inferred, "reader");
   s << "check-read: " << (ok() ? "PASS" : "FAIL");
   return s.str();
 }
@@ -301,6 +318,7 @@ std::string ReadReport::json() const {
               {"examples", probes}}},
             {"reader_maps", maps},
             {"differences", differences_json(differences, "reader")},
+            {"not_inferred", region_names(not_inferred)},
             {"reader_layout", reader_layout ? Json::parse(to_json(*reader_layout)) : Json(nullptr)}};
   return j.dump();
 }

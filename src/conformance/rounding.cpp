@@ -88,4 +88,17 @@ std::optional<RoundingPolicy> explaining_policy(const float* x, float gs, uint8_
   return std::nullopt;
 }
 
+std::optional<RoundingPolicy> data_explaining_policy(const float* x, float gs, const uint8_t* packed) {
+  for (RoundingPolicy p : {RoundingPolicy::kNvfp4kv, RoundingPolicy::kReciprocalMultiply, RoundingPolicy::kFastMathDivision})
+    if (policy_explains(p, x, gs, quantize_block_as(p, x, gs).scale, packed)) return p;
+  return std::nullopt;
+}
+
+std::optional<RoundingPolicy> scale_explaining_policy(const float* x, float gs, uint8_t scale) {
+  for (RoundingPolicy p : {RoundingPolicy::kNvfp4kv, RoundingPolicy::kReciprocalMultiply})
+    if (quantize_block_as(p, x, gs).scale == scale) return p;
+  if (!(scale & 0x80u) && e4m3_admits(double(amax_of(x)) / double(gs) / 6.0, scale)) return RoundingPolicy::kFastMathDivision;
+  return std::nullopt;
+}
+
 }  // namespace nvfp4kv::conformance

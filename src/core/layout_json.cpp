@@ -1,14 +1,15 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <fstream>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "nvfp4kv/core/expr.hpp"
 #include "nvfp4kv/core/layout.hpp"
+#include "nvfp4kv/core/files.hpp"
 #include "nvfp4kv/core/names.hpp"
+#include "strict_json.hpp"
 
 namespace nvfp4kv {
 
@@ -21,96 +22,19 @@ constexpr size_t kMaxTextBytes = size_t(1) << 20;
 constexpr size_t kMaxDepth = 32;
 constexpr size_t kMaxNameBytes = 128;
 
-// A value as an error message shows it: compact JSON, ASCII only, cut short.
-std::string excerpt(const json& v) {
-  std::string text = v.dump(-1, ' ', true);
-  if (text.size() > 60) text = text.substr(0, 60) + "... (" + std::to_string(text.size()) + " characters)";
-  return text;
-}
+using detail::json_excerpt;
 
-// Where a value sits: "regions.k_data.page", "buffers[1].name".
-struct JsonPath {
-  struct Step {
-    bool object;
-    std::string key;    // the current key of an object
-    size_t index = 0;   // the current element of an array
-    std::set<std::string, std::less<>> keys;  // keys seen so far in an object
-  };
-  std::vector<Step> steps;
-
-  // A key other than a short identifier is quoted (escaped, cut), and a long path keeps its two
-  // ends, so a message stays one short line.
-  std::string text(size_t depth) const {
-    std::string out = "layout";
-    for (size_t i = 0; i < depth; ++i) {
-      const Step& s = steps[i];
-      const bool plain = !s.key.empty() && s.key.size() <= 24 && std::all_of(s.key.begin(), s.key.end(), [](char c) {
-        return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
-      });
-      out += !s.object ? "[" + std::to_string(s.index) + "]" : plain ? "." + s.key : "[" + quote_text(s.key) + "]";
-    }
-    if (out.size() > 160) out = out.substr(0, 60) + "..." + out.substr(out.size() - 90);
-    return out;
-  }
-  std::string here() const { return text(steps.size()); }
-  void element_done() {
-    if (!steps.empty() && !steps.back().object) ++steps.back().index;
-  }
-};
-
-// nlohmann's parser keeps the last of two equal keys and turns integers past
-// int64 into unsigned or float values; every dump of a value recurses. This
-// parse refuses both and any text too large or nested too deep for a layout,
-// naming the place.
 json parse_strict(std::string_view text) {
-  if (text.size() > kMaxTextBytes)
-    throw LayoutError("layout text is more than " + std::to_string(kMaxTextBytes) + " bytes (1 MiB), the bound on a layout");
-  JsonPath path;
-  const json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
-    using E = json::parse_event_t;
-    switch (event) {
-      case E::object_start:
-      case E::array_start:
-        if (path.steps.size() >= kMaxDepth)
-          throw LayoutError(path.here() + ": nested more than " + std::to_string(kMaxDepth) + " levels deep");
-        path.steps.push_back({event == E::object_start, "", 0, {}});
-        break;
-      case E::key: {
-        auto& step = path.steps.back();
-        std::string key = parsed.get<std::string>();
-        if (!step.keys.insert(key).second)
-          throw LayoutError(path.text(path.steps.size() - 1) + ": key " + quote_text(key) +
-                            " appears twice (a layout never takes one of two values silently)");
-        step.key = std::move(key);
-        break;
-      }
-      case E::object_end:
-      case E::array_end:
-        path.steps.pop_back();
-        path.element_done();
-        break;
-      case E::value:
-        if ((parsed.is_number_unsigned() && parsed.get<uint64_t>() > uint64_t(INT64_MAX)) ||
-            (parsed.is_number_float() && std::abs(parsed.get<double>()) >= 0x1p63))
-          throw LayoutError(path.here() + ": " + excerpt(parsed) +
-                            " is outside the 64-bit signed integers a layout holds");
-        path.element_done();
-        break;
-    }
-    return true;
-  };
   try {
-    return json::parse(text, check);
-  } catch (const json::exception& e) {
-    std::string what = e.what();  // names the position; its "last read" may quote a long token
-    if (what.size() > 200) what = what.substr(0, 200) + "...";
-    throw LayoutError("layout text is not valid JSON: " + what);
+    return detail::parse_json_strict(text, {"layout", kMaxTextBytes, kMaxDepth, true});
+  } catch (const ArgumentError& e) {
+    throw LayoutError(e.what());
   }
 }
 
 // A name (of the layout, a buffer, a let): one short line.
 std::string name_value(const json& v, const std::string& where) {
-  if (!v.is_string()) throw LayoutError(where + ": expected a name (a string), got " + excerpt(v));
+  if (!v.is_string()) throw LayoutError(where + ": expected a name (a string), got " + json_excerpt(v));
   std::string name = v.get<std::string>();
   bool control = false;
   for (const char c : name) control |= static_cast<unsigned char>(c) < 0x20 || c == 0x7F;
@@ -123,11 +47,11 @@ std::string name_value(const json& v, const std::string& where) {
 std::string expr_text(const json& v, const std::string& where) {
   if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
   if (v.is_string()) return v.get<std::string>();
-  throw LayoutError(where + ": expected an integer or an expression string, got " + excerpt(v));
+  throw LayoutError(where + ": expected an integer or an expression string, got " + json_excerpt(v));
 }
 
 void require_keys(const json& obj, std::initializer_list<const char*> allowed, const std::string& where) {
-  if (!obj.is_object()) throw LayoutError(where + ": expected an object, got " + excerpt(obj));
+  if (!obj.is_object()) throw LayoutError(where + ": expected an object, got " + json_excerpt(obj));
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     bool known = false;
     for (const char* k : allowed) known |= it.key() == k;
@@ -149,7 +73,7 @@ LayoutSpec::ModeSpec mode_spec(const json& v, const std::string& where) {
   }
   require_keys(v, {"inner", "stride"}, where);
   if (!v.contains("inner") || !v.contains("stride") || !v["stride"].is_array() || v["stride"].size() != 2)
-    throw LayoutError(where + ": a nested mode is {\"inner\": E, \"stride\": [inner stride, stride]}, got " + excerpt(v));
+    throw LayoutError(where + ": a nested mode is {\"inner\": E, \"stride\": [inner stride, stride]}, got " + json_excerpt(v));
   m.inner = expr_text(v["inner"], where + ".inner");
   m.inner_stride = expr_text(v["stride"][0], where + ".stride[0]");
   m.stride = expr_text(v["stride"][1], where + ".stride[1]");
@@ -166,7 +90,7 @@ Provenance provenance_of(const json& v) {
       return "";
     }
     if (!v[key].is_string() || v[key].get<std::string>().empty())
-      throw LayoutError(std::string("provenance.") + key + ": expected non-empty text, got " + excerpt(v[key]));
+      throw LayoutError(std::string("provenance.") + key + ": expected non-empty text, got " + json_excerpt(v[key]));
     return v[key].get<std::string>();
   };
   const auto lines = [&](const char* key) {
@@ -175,7 +99,7 @@ Provenance provenance_of(const json& v) {
     std::vector<std::string> out;
     for (const json& e : v[key]) {
       if (!e.is_string() || e.get<std::string>().empty())
-        throw LayoutError(std::string("provenance.") + key + ": expected non-empty text, got " + excerpt(e));
+        throw LayoutError(std::string("provenance.") + key + ": expected non-empty text, got " + json_excerpt(e));
       out.push_back(e.get<std::string>());
     }
     return out;
@@ -187,7 +111,7 @@ Provenance provenance_of(const json& v) {
 std::optional<int64_t> dim_value(const json& dims, const char* key) {
   if (!dims.contains(key)) return std::nullopt;
   const json& v = dims[key];
-  if (!v.is_number_integer()) throw LayoutError(std::string("dims.") + key + ": expected an integer, got " + excerpt(v));
+  if (!v.is_number_integer()) throw LayoutError(std::string("dims.") + key + ": expected an integer, got " + json_excerpt(v));
   return v.get<int64_t>();
 }
 
@@ -215,7 +139,7 @@ LayoutSpec parse_layout_spec(std::string_view text) {
     if (!lets.is_array()) throw LayoutError("let: expected an array of [name, expression] pairs");
     for (const json& kv : lets) {
       if (!kv.is_array() || kv.size() != 2)
-        throw LayoutError("let: each entry is [\"NAME\", expression], got " + excerpt(kv));
+        throw LayoutError("let: each entry is [\"NAME\", expression], got " + json_excerpt(kv));
       const std::string name = name_value(kv[0], "let");
       const bool identifier = !std::isdigit(static_cast<unsigned char>(name[0])) &&
                               std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
@@ -360,7 +284,7 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
     l.buffers[i].bytes = need;
   }
   require_evaluable(l);  // and the sizes just worked out, with their total
-  return l;
+  return with_plain_modes(std::move(l));
 }
 
 std::string to_json(const Layout& l) {
@@ -398,8 +322,8 @@ std::vector<std::string> assumed_sizes(const LayoutSpec& spec, const DimsOverrid
 
 LayoutSpec load_spec(std::string_view name_or_path) {
   if (is_preset_name(name_or_path)) return preset_spec(name_or_path);
-  std::ifstream in{std::string(name_or_path), std::ios::binary};
-  if (!in) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::string(name_or_path), ec)) {
     std::string names;
     std::vector<std::string> all;
     for (const PresetInfo& p : list_presets()) {
@@ -410,10 +334,17 @@ LayoutSpec load_spec(std::string_view name_or_path) {
     throw LayoutError(quote_text(name_or_path) + " is neither a preset nor a readable file" +
                       did_you_mean(name_or_path, all) + "; presets:" + names);
   }
-  // One byte past the bound is enough to refuse; never read a device or a pipe without end.
-  std::string text(kMaxTextBytes + 1, '\0');
-  in.read(text.data(), std::streamsize(text.size()));
-  text.resize(size_t(in.gcount()));
+  // A regular file only (a FIFO or /dev/zero is refused unopened), its size known before reading.
+  std::string text;
+  try {
+    RegularFile in(std::string(name_or_path), "layout file");
+    if (size_t(in.size()) > kMaxTextBytes)
+      throw LayoutError("layout text is more than " + std::to_string(kMaxTextBytes) + " bytes (1 MiB), the bound on a layout");
+    text.resize(size_t(in.size()));
+    in.read(text.data(), in.size());
+  } catch (const ArgumentError& e) {
+    throw LayoutError(e.what());
+  }
   try {
     return parse_layout_spec(text);
   } catch (const LayoutError& e) {

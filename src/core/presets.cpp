@@ -12,8 +12,8 @@ extern const int kPresetFileCount;
 
 namespace {
 
-// Names the vLLM presets had before they were split by version and GPU path
-// (issue 13). Each keeps loading the bytes it always described: linear V scales,
+// Names the vLLM presets had before they were split by version and GPU path.
+// Each keeps loading the bytes it always described: linear V scales,
 // which is what the SM12x writer stores and the SM120 readers expect.
 constexpr std::pair<std::string_view, std::string_view> kFormerNames[] = {
     {"vllm-legacy-hnd", "vllm-legacy-hnd-writer-sm12x"},

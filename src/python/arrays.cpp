@@ -55,9 +55,15 @@ std::string shape_text(const ArrayFacts& a) {
 std::string describe(const ArrayFacts& a) {
   const nb::dlpack::dtype t = a.dtype;
   const DType d = dtype_of(t);
-  const std::string dt = d == DType::kOther ? "dtype(code " + std::to_string(t.code) + ", " + std::to_string(t.bits) +
-                                                  " bits)"
-                                            : dtype_name(d);
+  // DLPack's codes by number: 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool (NumPy's and torch's names).
+  static const char* const kCodeNames[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  std::string dt = dtype_name(d);
+  if (d == DType::kOther) {
+    dt = t.code == 6 ? std::string("bool")
+         : t.code < 7 ? kCodeNames[t.code] + std::to_string(t.bits)
+                      : "dtype code " + std::to_string(t.code) + " of " + std::to_string(t.bits) + " bits";
+    if (t.lanes != 1) dt += " x" + std::to_string(t.lanes);
+  }
   return device_text(a) + " " + dt + " array of shape " + shape_text(a);
 }
 

@@ -1,5 +1,5 @@
-// docs/api.md's example, whole: plan a cache, load a JSON layout, store a decode
-// step's K and V rows, gather them back. tests/consumer builds it against the
+// docs/api.md's GPU example, whole: allocate the planned cache (plan_example.hpp),
+// store a decode step's K and V rows, gather them back. tests/consumer builds it against the
 // installed package (and as a subproject) and runs it where there is a GPU;
 // The regions between two "// [name]" lines are docs/api.md's code blocks, and
 // tests/consumer/check_docs.py holds the two equal. Exit 77: no usable GPU (skipped).
@@ -11,9 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "nvfp4kv/api/kv_cache.hpp"
-#include "nvfp4kv/core/plan.hpp"
+// [includes]
+#include "nvfp4kv/api/kv_cache.hpp"  // store, gather, decode: the CUDA host API
 #include "nvfp4kv/reference/cache.hpp"
+// [includes]
+#include "plan_example.hpp"
 
 namespace {
 
@@ -24,38 +26,18 @@ void cuda(cudaError_t e, const char* what) {
 }  // namespace
 
 int main() try {
-  if (std::string why; !nvfp4kv::cuda_device_available(&why)) {
+  using namespace nvfp4kv;
+  if (std::string why; !cuda_device_available(&why)) {
     std::printf("skipped: %s\n", why.c_str());
     return 77;
   }
-  // [plan]
-  using namespace nvfp4kv;
-  // Plan once at start-up: 32 layers, 8 kv heads, D 128, 16 tokens per page,
-  // 2 GiB for the whole cache, one buffer per layer.
-  PlanRequest req;
-  req.layers = 32;
-  req.kv_heads = 8;
-  req.head_dim = 128;
-  req.tokens_per_page = 16;
-  req.memory_bytes = int64_t(2) << 30;
-  const Plan plan = nvfp4kv::plan(req);
+  const Plan plan = plan_example();
+  // [allocate]
+  // With a GPU: one allocation per layer, of the size the plan gives.
   const ValidLayout& layout = plan.layout;  // only check()/validate() make these
-  std::printf("%s\n", plan.summary().c_str());
   std::vector<uint8_t*> layer_buf(32);
   for (auto& p : layer_buf) cudaMalloc(&p, layout.layout().buffers[0].bytes);
-  // [plan]
-
-  // [json]
-  // An engine's own layout, from a JSON file or a preset name; the sizes the
-  // description leaves open are given here. validate() throws LayoutError with
-  // the checker's verdict (two colliding elements and the byte) if it is unsound.
-  DimsOverride dims;
-  dims.layers = 32;
-  dims.pages = 4096;
-  dims.heads = 8;
-  const ValidLayout vllm = validate(instantiate(load_spec("vllm-legacy-hnd"), dims));
-  std::printf("%s: %s\n", vllm.layout().name.c_str(), vllm.report().summary().c_str());
-  // [json]
+  // [allocate]
 
   // The step's inputs: 5 tokens of K and V rows, (tokens, heads, D) bf16, one padding slot.
   const int64_t num_tokens = 5, layer = 3, row = 8 * 128;

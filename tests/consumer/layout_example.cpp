@@ -1,16 +1,42 @@
-// docs/api.md's layout example, whole: an engine's layout described in JSON,
-// checked (the diagnostics of a rejection), compared writer against reader, and
-// the CPU reference quantizing one block. Needs no GPU; links nvfp4kv::reference.
+// docs/api.md's CPU examples, whole: planning a cache, an engine's layout from JSON,
+// checked (the diagnostics of a rejection), compared writer against reader, and the
+// CPU reference quantizing one block. Needs no GPU, so CI runs it everywhere; links
+// nvfp4kv::reference.
 // The regions between two "// [name]" lines are docs/api.md's code blocks.
 #include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "nvfp4kv/core/layout.hpp"
-#include "nvfp4kv/reference/quantize.hpp"
+// [includes]
+#include "nvfp4kv/core/layout.hpp"        // layouts: load_spec, instantiate, check, validate, compare
+#include "nvfp4kv/core/plan.hpp"          // plan, PlanRequest
+#include "nvfp4kv/reference/quantize.hpp"  // the CPU reference
+// [includes]
+#include "plan_example.hpp"
 
 int main() try {
+  const nvfp4kv::Plan planned = plan_example();
+  if (planned.layout.layout().dims.layers != 32) {
+    std::printf("FAILED: the plan must hold 32 layers\n");
+    return 1;
+  }
+  {
+    // [json]
+    using namespace nvfp4kv;
+    // An engine's own layout, from a JSON file or a preset name; the sizes the
+    // description leaves open are given here. validate() throws LayoutError with
+    // the checker's verdict (two colliding elements and the byte) if it is unsound.
+    DimsOverride dims;
+    dims.layers = 32;
+    dims.pages = 4096;
+    dims.tokens_per_page = 16;
+    dims.heads = 8;
+    dims.head_dim = 128;
+    const ValidLayout vllm = validate(instantiate(load_spec("vllm-legacy-hnd"), dims));
+    std::printf("%s: %s\n", vllm.layout().name.c_str(), vllm.report().summary().c_str());
+    // [json]
+  }
   // [check]
   using namespace nvfp4kv;
   // A layout from a JSON file or a preset name, with the sizes it leaves open;

@@ -260,6 +260,57 @@ TEST(CheckWrite, VllmTokenMajorWriterIsMisplacedAndItsMapInferred) {
   EXPECT_NE(r.text().find("check-write: FAIL"), std::string::npos);
 }
 
+// A writer whose one region lands nowhere the kit can see (its V scales never written):
+// that region's map cannot be inferred, so no layout of the writer's map is offered, and
+// the report says which region stopped it.
+TEST(CheckWrite, NoWriterLayoutUnlessEveryMisplacedRegionWasInferred) {
+  const Kit kit = generate(layout_of("flashinfer-nhd"), {});
+  const Transcription flashinfer = engine("flashinfer-nhd");
+  const Transcription no_v_scales = [&](Region r, const Coord& c, const CacheDims& d) {
+    return r == Region::kVScale ? Place{"no such buffer", 0} : flashinfer(r, c, d);
+  };
+  const WriteReport r = check_write(kit, foreign_write(kit, no_v_scales, engine_nvfp4kv));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.regions[size_t(Region::kVScale)].verdict, RegionVerdict::kMisplaced);
+  EXPECT_EQ(r.regions[size_t(Region::kVScale)].not_found, r.regions[size_t(Region::kVScale)].bytes);
+  for (Region reg : {Region::kKData, Region::kKScale, Region::kVData})
+    EXPECT_EQ(r.regions[size_t(reg)].verdict, RegionVerdict::kExact) << region_name(reg);
+  EXPECT_EQ(r.not_inferred, std::vector<Region>{Region::kVScale});
+  EXPECT_FALSE(r.writer_layout);
+  EXPECT_NE(r.text().find("no layout of the writer's map: the map of v_scale could not be inferred"), std::string::npos)
+      << r.text();
+  EXPECT_NE(r.json().find(R"("not_inferred":["v_scale"])"), std::string::npos) << r.json();
+}
+
+// Only the K scales misplaced (each block's at another group's byte), the codes rounded the
+// FlashInfer way beside the writer's own scales: the data is where the layout says, so k_data
+// is rounding-only and k_scale alone is misplaced, as with nvfp4kv's own rounding.
+TEST(CheckWrite, DataPlacementIsJudgedApartFromItsScale) {
+  const Kit kit = generate(layout_of("flashinfer-nhd"), {});
+  const Transcription flashinfer = engine("flashinfer-nhd");
+  const Transcription k_scales_reversed = [&](Region r, const Coord& c, const CacheDims& d) {
+    Coord at = c;
+    if (r == Region::kKScale) at.column = d.scale_bytes() - 1 - c.column;
+    return flashinfer(r, at, d);
+  };
+  for (const auto& [name, quantizer] : {std::pair{"reciprocal-multiply", Quantizer(engine_reciprocal_multiply)},
+                                        {"nvfp4kv", Quantizer(engine_nvfp4kv)}}) {
+    SCOPED_TRACE(name);
+    const WriteReport r = check_write(kit, foreign_write(kit, k_scales_reversed, quantizer));
+    EXPECT_EQ(r.regions[size_t(Region::kKScale)].verdict, RegionVerdict::kMisplaced);
+    EXPECT_GT(r.regions[size_t(Region::kKScale)].wrong, 0);
+    const RegionWriteReport& kd = r.regions[size_t(Region::kKData)];
+    EXPECT_EQ(kd.wrong, 0) << r.text();
+    EXPECT_NE(kd.verdict, RegionVerdict::kMisplaced) << r.text();
+    if (std::string(name) == "nvfp4kv") {
+      EXPECT_EQ(kd.verdict, RegionVerdict::kExact);
+    } else {
+      EXPECT_EQ(kd.verdict, RegionVerdict::kRoundingOnly);
+      EXPECT_EQ(kd.policy, RoundingPolicy::kReciprocalMultiply);
+    }
+  }
+}
+
 TEST(CheckWrite, InterleavedVScalesAgainstALinearLayoutAreNamed) {
   // vLLM upstream's writer swizzles V scales on every GPU; the SM12x layout is linear.
   const ValidLayout l = layout_of("vllm-legacy-hnd-writer-sm12x");

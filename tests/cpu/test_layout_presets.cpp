@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <map>
 
 #include "brute_force.hpp"
@@ -310,15 +309,16 @@ TEST(Presets, InterleaveOutsideItsPlaneIsRejected) {
       << r.problems[0];
 }
 
-TEST(Check, SixtyFourLayersTwoHundredThousandPagesInUnderASecond) {
+// The proof's work is bounded by construction: it enumerates one (page, head) cell's elements per
+// plane, never the allocation, and the count it reports is what it did (no clock asserted).
+TEST(Check, SixtyFourLayersTwoHundredThousandPagesFromOneCellsElements) {
+  const int64_t cell = 2 * 16 * 72;  // K and V, 16 tokens, 72 bytes of data and scales
   for (const char* name : {"nvfp4kv-native-layers", "vllm-legacy-hnd-writer-upstream", "flashinfer-nhd", "trtllm"}) {
     const Layout l = preset(name, {64, 200000, 16, 8, 128});
-    const auto start = std::chrono::steady_clock::now();
     const CheckReport r = check(l).report;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_TRUE(r.ok) << name << ": " << r.summary();
-    EXPECT_LT(s, 1.0) << name;
     EXPECT_EQ(r.elements, int64_t(64) * 200000 * 2 * 8 * 16 * 72);
+    EXPECT_LE(r.elements_enumerated, 8 * cell) << name;  // at most the 8 heads of one page
   }
   // A head-outermost allocation ([H][pages][N][D/2]) is proved by peeling heads too.
   Layout l = preset("flashinfer-hnd", {64, 200000, 16, 8, 128});
@@ -327,10 +327,9 @@ TEST(Check, SixtyFourLayersTwoHundredThousandPagesInUnderASecond) {
     m.head = row * 200000;
     m.page = row;
   }
-  const auto start = std::chrono::steady_clock::now();
   const CheckReport r = check(l).report;
   EXPECT_TRUE(r.ok) << r.summary();
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+  EXPECT_LE(r.elements_enumerated, 8 * cell);
   // Break one stride by one byte: a collision between pages at the far end must be found.
   l.regions[2].page -= 1;
   EXPECT_FALSE(check(l).report.ok);

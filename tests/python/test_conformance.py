@@ -249,8 +249,8 @@ def test_vllm_token_major_writer_is_misplaced_and_its_map_inferred(kit):
     assert "k_scale offset is 2048 (H*N*dd), the layout says 64" in report.differences
     k_data = report.regions["k_data"]["writer_map"]["map"]
     assert (k_data["token"], k_data["head"]) == (128, 64)
-    # Its V writes land on the K rows that follow: some elements are found nowhere.
-    assert report.regions["v_data"]["not_found"] > 0
+    # Its V writes land on the K rows that follow and overwrite them: those K elements are found nowhere.
+    assert report.regions["k_data"]["not_found"] > 0
     # The inferred map is vLLM's writer, and it is unsound.
     writer = report.writer_layout
     assert isinstance(writer, nvfp4kv.Layout)

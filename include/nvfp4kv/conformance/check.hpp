@@ -60,7 +60,8 @@ struct WriteReport {
   int64_t outside_bytes = 0, unstored_bytes = 0;
   int64_t misplaced_there = 0;  // of those, bytes holding a stored row's element (misplaced, above)
   std::vector<int64_t> padding_rows_written;  // padding rows (slot -1) whose bytes are in the dump
-  std::optional<Layout> writer_layout;        // the layout with each misplaced region's inferred map
+  std::vector<Region> not_inferred;           // misplaced regions whose map could not be inferred (no element found)
+  std::optional<Layout> writer_layout;        // the layout with each misplaced region's inferred map; none unless all were
   std::string writer_layout_check;            // check()'s verdict on it
   std::vector<MapDifference> differences;     // writer_layout against the layout
   bool ok() const;                            // every region exact or rounding-only, nothing else touched
@@ -116,7 +117,8 @@ struct ReadReport {
   std::vector<ProbeRead> probe_examples;
   // The reader's map, inferred from where the misread blocks' bytes came from.
   std::array<std::optional<RegionFit>, kRegionCount> reader_maps;
-  std::optional<Layout> reader_layout;
+  std::vector<Region> not_inferred;  // misread regions whose map could not be inferred
+  std::optional<Layout> reader_layout;  // the layout with each misread region's map; none unless all were inferred
   std::vector<MapDifference> differences;
   bool ok() const;
   std::string text() const;

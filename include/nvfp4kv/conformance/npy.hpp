@@ -22,9 +22,15 @@ struct NpyArray {
 
 // Throws Error naming the file when it cannot be written.
 void write_npy(const std::string& path, const NpyArray& array);
-// Throws Error naming the file and what is wrong: not .npy, a big-endian or
-// Fortran-order array, a shape that does not match the data, a header past 64 KiB.
+// Throws Error naming the file and what is wrong: not a regular file, not .npy, a
+// big-endian or Fortran-order array, a shape that does not match the data, a header
+// past 64 KiB, data past 4 GiB. Sizes are checked from the header and stat before
+// the data is read.
 NpyArray read_npy(const std::string& path);
+// An array a reader produced, as floats: exactly `shape`, float32, float16 or bf16
+// (npy_to_floats' types), anything else refused before its data is read. `what`
+// names the file in messages ("--k").
+std::vector<float> read_npy_floats(const std::string& path, const std::vector<int64_t>& shape, const std::string& what);
 
 NpyArray npy_f32(const std::vector<float>& values, std::vector<int64_t> shape);
 NpyArray npy_i32(const std::vector<int32_t>& values, std::vector<int64_t> shape);
@@ -32,7 +38,7 @@ NpyArray npy_i64(const std::vector<int64_t>& values, std::vector<int64_t> shape)
 // 16-bit elements: bf16 as '<u2' bit patterns, fp16 as '<f2'.
 NpyArray npy_16bit(const std::vector<uint16_t>& values, ElementType type, std::vector<int64_t> shape);
 
-// The elements as floats: '<f4', '<f8', '<f2', and 16-bit integer or void types
+// The elements as floats: '<f4', '<f2', and 16-bit integer or void types
 // taken as bf16 bit patterns. Throws Error naming `what` for anything else.
 std::vector<float> npy_to_floats(const NpyArray& array, const std::string& what);
 

@@ -34,4 +34,10 @@ bool policy_explains(RoundingPolicy p, const float* x, float global_scale, uint8
 // The most specific policy that explains (scale, packed), trying them in order.
 std::optional<RoundingPolicy> explaining_policy(const float* x, float global_scale, uint8_t scale, const uint8_t* packed);
 
+// The block's two parts judged apart, for a block no policy explains whole (its scale
+// misplaced, say): whether its codes are those a policy stores beside the scale that
+// policy computes, and whether the scale byte is one a policy computes.
+std::optional<RoundingPolicy> data_explaining_policy(const float* x, float global_scale, const uint8_t* packed);
+std::optional<RoundingPolicy> scale_explaining_policy(const float* x, float global_scale, uint8_t scale);
+
 }  // namespace nvfp4kv::conformance

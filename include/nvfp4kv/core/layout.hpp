@@ -131,6 +131,10 @@ class ValidLayout {
 
  private:
   friend struct CheckResult check(const Layout& layout);
+// A mode whose inner extent exceeds its coordinate's extent places x at x * inner stride
+// (x % inner == x): it is that plain stride, and instantiate and check make it one, so the
+// 4-token interleave at 1 to 3 tokens per page is judged as the plain stride it is.
+Layout with_plain_modes(Layout l);
   ValidLayout(Layout l, CheckReport r) : layout_(std::move(l)), report_(std::move(r)) {}
   Layout layout_;
   CheckReport report_;
@@ -144,6 +148,10 @@ struct CheckResult {
 // Exact over the whole allocation: bounds, preconditions, no shared byte between
 // any two elements of any regions, layers and pages. Never samples.
 CheckResult check(const Layout& layout);
+// A mode whose inner extent exceeds its coordinate's extent places x at x * inner stride
+// (x % inner == x): it is that plain stride, and instantiate and check make it one, so the
+// 4-token interleave at 1 to 3 tokens per page is judged as the plain stride it is.
+Layout with_plain_modes(Layout l);
 
 // Throws LayoutError with the report's verdict unless the layout is sound.
 ValidLayout validate(const Layout& layout);
