@@ -1,0 +1,119 @@
+"""The accuracy table (markdown) and plot (PNG) from accuracy.py's JSON.
+
+    python3 bench/transformers/plot.py bench/results/FILE.json     # writes FILE.md and FILE.png beside it
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+LABELS = {
+    "bf16": "BF16 KV (reference)",
+    "fp8": "FP8 E4M3, per-tensor scale (calibrated)",
+    "nvfp4": "nvfp4kv NVFP4, global scale 1.0",
+    "nvfp4-cal": "nvfp4kv NVFP4, calibrated global scale",
+    "nvfp4-4over6": "nvfp4kv NVFP4 4over6, global scale 1.0",
+    "nvfp4-4over6-cal": "nvfp4kv NVFP4 4over6, calibrated",
+    "quanto-int4": "transformers QuantizedCache quanto int4",
+    "quanto-int2": "transformers QuantizedCache quanto int2",
+    "hqq-4": "transformers QuantizedCache HQQ 4-bit",
+}
+
+
+def table(r) -> str:
+    rows = r["rows"]
+    out = []
+    for ctx, per in r["contexts"].items():
+        base = per["bf16"]["ppl"]
+        out += ["", "**Context %s** (%d windows, %d predicted tokens per row, chunks of %d; %.0f s)" %
+                (ctx, per["bf16"]["tokens"] // (int(ctx) - 1), per["bf16"]["tokens"], r["chunk"], per["seconds"]), "",
+                "| row | cache bytes / token | perplexity | vs BF16 | mean KL | p99 KL | top-1 agreement |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for row in rows:
+            m = per[row]
+            out.append("| %s | %d | %.3f | %+.2f %% | %.4f | %.3f | %.1f %% |" % (
+                LABELS.get(row, row), r["bytes_per_token"][row], m["ppl"], 100 * (m["ppl"] / base - 1), m["kl_mean"],
+                m["kl_p99"], 100 * m["top1"]))
+    if "decode" in r:
+        d = r["decode"]
+        out += ["", "**Token by token against chunked** (the first %d window(s) of %d tokens, the same tokens both "
+                "ways)" % (d["windows"], d["context"]), "",
+                "| row | perplexity, decode | perplexity, chunks of %d | gap |" % r["chunk"], "|---|---:|---:|---:|"]
+        for row in rows:
+            m = d["rows"][row]
+            out.append("| %s | %.3f | %.3f | %+.2f %% |" % (LABELS.get(row, row), m["ppl_decode"], m["ppl_chunked"],
+                                                           100 * (m["ppl_decode"] / m["ppl_chunked"] - 1)))
+    if "generation" in r:
+        g = r["generation"]
+        n = g[rows[0]]["prompts"]
+        out += ["", "**Greedy generation** (%d prompts left-padded into one batch, %d new tokens each)" %
+                (n, g["new_tokens"]), "",
+                "| row | tokens before the first difference from BF16 | continuations identical to BF16 |",
+                "|---|---:|---:|"]
+        for row in rows:
+            m = g[row]
+            out.append("| %s | %.1f %% | %d of %d |" % (LABELS.get(row, row), 100 * m["prefix_agreement"],
+                                                       m["identical"], m["prompts"]))
+    return "\n".join(out) + "\n"
+
+
+def plot(r, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [x for x in r["rows"] if x != "bf16"]
+    contexts = list(r["contexts"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2))
+    markers = ["o", "s", "^", "D"]
+    for i, ctx in enumerate(contexts):
+        per = r["contexts"][ctx]
+        xs = [r["bytes_per_token"][x] / 1024 for x in rows]
+        ys = [max(per[x]["kl_mean"], 1e-5) for x in rows]
+        left.scatter(xs, ys, marker=markers[i % len(markers)], label="context %s" % ctx, alpha=0.8)
+        if i == 0:
+            for x, y, name in zip(xs, ys, rows):
+                left.annotate(name, (x, y), textcoords="offset points", xytext=(5, 3), fontsize=8)
+    left.set_yscale("log")
+    left.set_xlabel("cache KiB per token (all 30 layers, K and V)")
+    left.set_ylabel("mean KL divergence from BF16 KV (nats)")
+    left.set_title("What each KV format costs: next-token KL")
+    left.grid(True, which="both", alpha=0.3)
+    left.legend()
+    width = 0.8 / len(contexts)
+    for i, ctx in enumerate(contexts):
+        per = r["contexts"][ctx]
+        base = per["bf16"]["ppl"]
+        right.bar([j + i * width for j in range(len(rows))], [100 * (per[x]["ppl"] / base - 1) for x in rows], width,
+                  label="context %s" % ctx)
+    right.set_xticks([j + width * (len(contexts) - 1) / 2 for j in range(len(rows))])
+    right.set_xticklabels(rows, rotation=30, ha="right", fontsize=8)
+    right.set_yscale("symlog", linthresh=1)
+    right.set_ylabel("perplexity increase over BF16 KV (%)")
+    right.set_title("Perplexity (chunked prefill of %d)" % r["chunk"])
+    right.grid(True, axis="y", alpha=0.3)
+    right.legend()
+    fig.suptitle("SmolLM2-135M-Instruct (Q4_1 weights, the same for every row), Python 3 manual prose", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        r = json.load(f)
+    stem = os.path.splitext(argv[0])[0]
+    with open(stem + ".md", "w") as f:
+        f.write(table(r))
+    plot(r, stem + ".png")
+    print("wrote %s.md and %s.png" % (stem, stem))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
