@@ -48,6 +48,9 @@ def tiny(family):
                                                     query_pre_attn_scalar=32,
                                                     layer_types=["sliding_attention", "full_attention"]),
         "phi3": lambda: transformers.Phi3Config(**dict(common, hidden_size=256)),
+        "gpt_oss": lambda: transformers.GptOssConfig(**common, sliding_window=8, num_local_experts=2,
+                                                     num_experts_per_tok=1,
+                                                     layer_types=["sliding_attention", "full_attention"]),
     }
     torch.manual_seed(0)
     config = configs[family]()
@@ -56,10 +59,12 @@ def tiny(family):
         for name, p in model.named_parameters():
             if name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
                 p.mul_(4.0)
+            if name.endswith(".sinks"):  # sink logits that take a visible share of the softmax
+                p.normal_(1.0, 1.0)
     return model.float().eval()
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi3"]
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi3", "gpt_oss"]
 
 
 def smollm2(layers=4):
