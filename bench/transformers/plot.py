@@ -73,9 +73,13 @@ def plot(r, path: str) -> None:
         xs = [r["bytes_per_token"][x] / 1024 for x in rows]
         ys = [max(per[x]["kl_mean"], 1e-5) for x in rows]
         left.scatter(xs, ys, marker=markers[i % len(markers)], label="context %s" % ctx, alpha=0.8)
-        if i == 0:
-            for x, y, name in zip(xs, ys, rows):
-                left.annotate(name, (x, y), textcoords="offset points", xytext=(5, 3), fontsize=8)
+        if i == 0:  # labels beside the points; rows at the same bytes stacked so they stay legible
+            same = {}
+            for x, y, name in sorted(zip(xs, ys, rows), key=lambda p: p[1]):
+                k = same.setdefault(x, [])
+                left.annotate(name, (x, y), textcoords="offset points", xytext=(8, -4 + 11 * len(k)), fontsize=8,
+                              arrowprops=dict(arrowstyle="-", lw=0.4, alpha=0.5) if k else None)
+                k.append(name)
     left.set_yscale("log")
     left.set_xlabel("cache KiB per token (all 30 layers, K and V)")
     left.set_ylabel("mean KL divergence from BF16 KV (nats)")
