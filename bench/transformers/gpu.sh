@@ -6,7 +6,7 @@
 #                python3 bench/transformers/stage_gpu.py --text build/kv-text --out .carry/transformers19
 #                python3 -m pip download --no-deps optimum-quanto==0.2.7 -d .whl
 #   call 1:      bash bench/transformers/gpu.sh      carry: .carry/include .carry/transformers19-a .whl
-#                installs nvfp4kv (CUDA), runs tests/python/test_transformers.py (its GPU tests
+#                installs nvfp4kv (CUDA), runs tests/python/test_transformers.py and test_torch_ops.py (GPU tests
 #                too), keeps part a in /tmp, checks the perplexity of the model's first 10 layers
 #                (fused decode against the CPU path)
 #   call 2:      bash bench/transformers/gpu.sh      carry: .carry/transformers19-b .whl
@@ -47,8 +47,8 @@ CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install -q --no-build-isolation --n
   -C cmake.define.NVFP4KV_EXTRA_INCLUDE="$PWD/.carry/include" -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a \
   -C build-dir=build/python . > "$OUT/pip.log" 2>&1 || { tail -30 "$OUT/pip.log"; exit 1; }
 (cd /tmp && python3 -c 'import nvfp4kv, transformers; print(nvfp4kv.build_info, nvfp4kv.cuda_available(), "transformers", transformers.__version__)')
-echo "=== tests/python/test_transformers.py ($(date +%T))"
-timeout 150 python3 -m pytest tests/python/test_transformers.py -rs -q -p no:cacheprovider > "$OUT/pytest-transformers.log" 2>&1
+echo "=== tests/python/test_transformers.py, test_torch_ops.py ($(date +%T))"
+timeout 200 python3 -m pytest tests/python/test_transformers.py tests/python/test_torch_ops.py -rs -q -p no:cacheprovider > "$OUT/pytest-transformers.log" 2>&1
 echo "pytest rc $?"; tail -15 "$OUT/pytest-transformers.log"
 echo "=== perplexity, first 10 layers ($(date +%T))"
 timeout 240 python3 bench/transformers/gpu_check.py --staged "$STAGE/transformers19-a" --windows 2 --skip speed \
