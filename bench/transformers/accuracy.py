@@ -17,7 +17,7 @@ For each context (--contexts) the text's first --tokens tokens are cut into wind
 length; each window runs through every row's cache in chunks of --chunk tokens (chunked
 prefill). Per row: perplexity, the mean and 99th-percentile KL divergence of the next-token
 distribution from the bf16 row's, top-1 agreement with it. On the first --decode-windows
-windows of the shortest context every row also runs token by token (decode), and both
+windows of --decode-context tokens every row also runs token by token (decode), and both
 perplexities over those windows are reported: they must agree. Then --prompts prompts (later
 paragraphs of the text, left-padded into one batch) generate --gen-tokens tokens greedily
 through every cache; agreement is the share of tokens before the first one that differs from
@@ -261,6 +261,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="131072", help="evaluated tokens per context (one number, or one per context)")
     ap.add_argument("--chunk", type=int, default=256)
     ap.add_argument("--decode-windows", type=int, default=2)
+    ap.add_argument("--decode-context", type=int, default=512)
     ap.add_argument("--prompts", type=int, default=50)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--calibrate-windows", type=int, default=8, help="windows of 512 held-out tokens")
@@ -274,9 +275,9 @@ def main(argv=None) -> int:
     rows = [r for r in args.rows.split(",") if r]
     if "bf16" not in rows:
         rows.insert(0, "bf16")
-    contexts = [int(c) for c in args.contexts.split(",")]
-    budgets = [int(t) for t in args.tokens.split(",")]
-    budgets = budgets * len(contexts) if len(budgets) == 1 else budgets
+    contexts = [int(c) for c in args.contexts.split(",") if c]
+    given = [int(t) for t in args.tokens.split(",")]
+    budgets = given * len(contexts) if len(given) == 1 else given
     if len(budgets) != len(contexts):
         raise SystemExit("accuracy.py: --tokens needs one number or one per context")
 
@@ -289,7 +290,7 @@ def main(argv=None) -> int:
         eval_text = f.read()
     with open(os.path.join(args.text, "calibrate.txt"), encoding="utf-8") as f:
         cal_text = f.read()
-    need = max(budgets)
+    need = max(given + [args.decode_windows * args.decode_context])  # the prompts come from the text after it
     chars = min(len(eval_text), need * 6)  # about 4 characters a token in this text; cut generously
     eval_tokens = torch.tensor(tok(eval_text[:chars]).input_ids)
     cal_tokens = torch.tensor(tok(cal_text).input_ids)
@@ -310,7 +311,7 @@ def main(argv=None) -> int:
         result["contexts"][str(length)]["seconds"] = time.time() - t0
         _save(args.out, result)
     if args.decode_windows > 0:
-        length = min(contexts)
+        length = args.decode_context
         per = {}
         for row in rows:
             acc = {"nll_decode": 0.0, "nll_chunked": 0.0, "tokens": 0}

@@ -23,7 +23,22 @@ LABELS = {
 
 def table(r) -> str:
     rows = r["rows"]
-    out = []
+    out = ["# What KV-cache formats cost on SmolLM2-135M-Instruct", "",
+           "Model: %s; every row runs the same weights, so the rows compare KV caches only. Activations "
+           "%s on the %s (%d thread(s)); %s; torch %s, transformers %s." % (
+               r["model"], r["dtype"], r["device"], r["threads"], r["nvfp4kv"], r["torch"], r["transformers"]),
+           "Text: the Python 3 manual's prose (Debian python3-doc, bench/transformers/text.py), windows from its "
+           "start; calibration (the FP8 scales, the -cal global scales): K and V amax over %d tokens of the "
+           "Debian Reference (debian-reference-en), text never evaluated on." % r["calibration"]["tokens"],
+           "KL: KL(P_BF16 || P_row) of the next-token distributions, per predicted token; top-1: the "
+           "same most likely next token as the BF16 row. Bytes per token: all 30 layers, K and V, data and scales (quanto and "
+           "HQQ: their 4 or 2 bits plus a 16-bit scale and zero point per group of 64, not counting the last "
+           "128 tokens they keep in BF16).", "",
+           "Predicted tokens per row: %s (%d in all)." % (
+               ", ".join("%s at context %s" % (per["bf16"]["tokens"], c) for c, per in r["contexts"].items()),
+               sum(per["bf16"]["tokens"] for per in r["contexts"].values())), "",
+           "    " + r["command"].replace("; ", "\n    "), "",
+           "Took %.0f s in all." % r.get("seconds", float("nan"))]
     for ctx, per in r["contexts"].items():
         base = per["bf16"]["ppl"]
         out += ["", "**Context %s** (%d windows, %d predicted tokens per row, chunks of %d; %.0f s)" %
