@@ -1,6 +1,9 @@
 """The accuracy table (markdown) and plot (PNG) from accuracy.py's JSON.
 
     python3 bench/transformers/plot.py bench/results/FILE.json     # writes FILE.md and FILE.png beside it
+    python3 bench/transformers/plot.py --merge CONTEXTS.json DECODE.json FILE.json
+        # one results file from two runs (accuracy.py's contexts from the first, its decode and
+        # generation from the second, both commands kept), then its table and plot
 """
 from __future__ import annotations
 
@@ -119,8 +122,26 @@ def plot(r, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def merge(contexts_path: str, decode_path: str, out_path: str) -> None:
+    with open(contexts_path) as f:
+        out = json.load(f)
+    with open(decode_path) as f:
+        other = json.load(f)
+    for key in ("decode", "generation"):
+        if key in other:
+            out[key] = other[key]
+    out["command"] = "python3 %s; python3 %s; python3 bench/transformers/plot.py --merge %s %s %s" % (
+        out["command"], other["command"], contexts_path, decode_path, out_path)
+    out["seconds"] = sum(per["seconds"] for per in out["contexts"].values()) + other["seconds"]
+    with open(out_path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 4 and argv[0] == "--merge":
+        merge(*argv[1:])
+        argv = argv[3:]
     if len(argv) != 1:
         print(__doc__.strip(), file=sys.stderr)
         return 2
