@@ -81,13 +81,6 @@ __device__ __forceinline__ void sync_threads(int id, int threads) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Programmatic dependent launch (sm_90+): a grid launched with programmatic stream
-// serialization may start before the grid it follows ends; it waits here until
-// that grid has finished and its writes are visible.
-__device__ __forceinline__ void wait_for_prior_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-// Lets the next grid (if launched as above) start now, while this one runs.
-__device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-
 // The quiet NaN of a 16-bit output type, twice: rows that must not pass for data.
 template <bool kBFloat16>
 __device__ __forceinline__ uint4 nan_chunk() {

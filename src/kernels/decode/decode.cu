@@ -47,8 +47,7 @@ namespace decode {
 // Warp-specialized: kConsumerWarps warps take the stages' tiles, one producer
 // warp fills the stages; they meet only on per-stage barriers (full: the stage
 // landed; empty: every consumer thread is done with it), never on a block barrier.
-using decode_limits::kConsumerWarps, decode_limits::kTile, decode_limits::kMaxStageTokens, decode_limits::kMaxStages,
-    decode_limits::kMaxSplits, decode_limits::kMaxSplitEntries;
+using decode_limits::kConsumerWarps, decode_limits::kTile;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 [[maybe_unused]] constexpr int kProducerWarp = kConsumerWarps;
 constexpr int kThreads = kConsumerThreads + 32;
