@@ -59,9 +59,9 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar, unsigned parity) {
   unsigned done = 0;
   do {
     asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}\n"
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
-        : "r"(shared_address(bar)), "r"(parity), "r"(1000000u)
+        : "r"(shared_address(bar)), "r"(parity)
         : "memory");
   } while (!done);
 }
