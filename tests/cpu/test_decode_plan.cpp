@@ -63,12 +63,7 @@ TEST(DecodePlan, StagesHoldWholePagesWithinTheMaskAndTheTables) {
       if (n <= kTile * kConsumerWarps && n * kMaxStagePages >= kTile * kConsumerWarps) {
         EXPECT_GE(g.pages_per_stage * n, kTile * kConsumerWarps - n + 1);
       }
-      if (!g.tensor_rows) {
-        EXPECT_EQ(g.slot_bytes, 2 * (n * d / 2 + (n * d / 16 + 15) / 16 * 16));
-      } else {  // rows of at least 16 bytes, planes on 128 bytes
-        const auto up = [](int64_t b) { return (b + 127) / 128 * 128; };
-        EXPECT_EQ(g.slot_bytes, 2 * (up(n * d / 2) + up(n * std::max<int64_t>(d / 16, 16))));
-      }
+      EXPECT_EQ(g.slot_bytes, 2 * (n * d / 2 + (n * d / 16 + 15) / 16 * 16));
     }
 }
 
@@ -134,28 +129,10 @@ TEST(DecodePlan, PlaneKindsFollowTheLayout) {
   const DecodeGeometry planes = plan({.preset = "flashinfer-hnd"});
   EXPECT_TRUE(planes.dense);
   EXPECT_FALSE(planes.span);  // four planes in two allocations
-  EXPECT_FALSE(native.tensor_rows);
-  EXPECT_FALSE(planes.tensor_rows);
-  // Heads interleaved within a token: row by row, one tensor copy per (page, head)
-  // tile of each region; the scale rows (8 bytes at D 128, the next head's after
-  // them) are copied 16 bytes wide, so their plane's pitch is 16.
-  const DecodeGeometry nhd = plan({.preset = "flashinfer-nhd"});
-  EXPECT_FALSE(nhd.dense);
-  EXPECT_TRUE(nhd.tensor_rows);
-  EXPECT_EQ(nhd.row_pitch[int(Region::kKData)], 64);
-  EXPECT_EQ(nhd.row_pitch[int(Region::kKScale)], 16);
-  EXPECT_EQ(nhd.slot_bytes, 2 * (16 * 64 + 16 * 16));
-  for (int ri = 0; ri < kRegionCount; ++ri) EXPECT_EQ(nhd.plane_offset[ri] % 128, 0);
-  // Row copies by the lanes keep the rows' own widths.
-  const DecodeGeometry rows = plan({.tokens_per_page = 3});
-  EXPECT_FALSE(rows.dense);
-  EXPECT_FALSE(rows.tensor_rows);  // a page's planes of 3 x 64 bytes: strides not multiples of 16 somewhere
-  EXPECT_EQ(rows.row_pitch[int(Region::kKScale)], 8);
+  EXPECT_FALSE(plan({.preset = "flashinfer-nhd"}).dense);  // heads interleaved within a token: row by row
   const DecodeGeometry padded = plan({.head_dim = 80});
   EXPECT_EQ(padded.head_dim, 128);
   EXPECT_FALSE(padded.dense);
-  EXPECT_FALSE(padded.tensor_rows);  // native rows of 40 bytes: a token stride the copy engine refuses
-  EXPECT_EQ(padded.row_pitch[int(Region::kKData)], 64);
 }
 
 TEST(DecodePlan, UnsupportedShapesSayWhy) {

@@ -66,19 +66,6 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar, unsigned parity) {
   } while (!done);
 }
 
-// A tensor copy (sm_90+): the box at (c0, c1, c2, c3) of the tensor `map`
-// describes (a __grid_constant__ parameter) into shared memory, completed on a
-// transaction-counting barrier like copy_bulk; elements outside the tensor arrive
-// as zeros and are never read. The destination is 128-byte aligned.
-__device__ __forceinline__ void copy_tensor_4d(void* shared, const void* map, int c0, int c1, int c2, int c3,
-                                               uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-      "[%6];\n" ::"r"(shared_address(shared)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(shared_address(bar))
-      : "memory");
-}
-
 // A plain arrival on a barrier (release: the arriving thread's earlier writes are
 // visible to whoever waits for the phase).
 __device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
