@@ -11,11 +11,13 @@ std::string plan_decode_geometry(const LayoutView& layout, const DecodeArgs& arg
   using namespace decode_limits;
   const CacheDims& d = layout.dims();
   DecodeGeometry g;
-  if (d.head_dim > 256) return "decode attention supports head dims up to 256, got " + std::to_string(d.head_dim);
+  if (attention_instance_dim(d.head_dim) == 0)
+    return "decode attention supports head dims up to " + std::to_string(kMaxAttentionHeadDim) + ", got " +
+           std::to_string(d.head_dim);
   if (d.tokens_per_page > kMaxStageTokens)
     return "decode attention supports up to " + std::to_string(kMaxStageTokens) + " tokens per page, got " +
            std::to_string(d.tokens_per_page);
-  g.head_dim = d.head_dim <= 64 ? 64 : d.head_dim <= 128 ? 128 : 256;
+  g.head_dim = attention_instance_dim(d.head_dim);
   g.group = int(args.q_heads / d.heads);
   // Dense planes: every region's (page, head) tile one contiguous, 16-byte aligned
   // plane whose size is a multiple of 16, data rows 16-byte aligned inside it.

@@ -189,5 +189,41 @@ TEST(DecodePlan, TheGeometryDependsOnTheShapeOnly) {
   EXPECT_EQ(plan_decode_geometry(v.view(), a, kH200, broken, &g1), "blocks_per_sm failed");
 }
 
+// The head-dim traits table every attention family dispatches on.
+TEST(AttentionDims, EveryHeadDimUpTo256RunsTheNextInstance) {
+  for (int64_t d = 1; d <= 300; ++d) {
+    const int instance = attention_instance_dim(d);
+    SCOPED_TRACE("D " + std::to_string(d));
+    if (d > kMaxAttentionHeadDim) {
+      EXPECT_EQ(instance, 0);
+      continue;
+    }
+    EXPECT_GE(instance, d);
+    bool listed = false;
+    for (int listed_dim : kAttentionHeadDims) {
+      listed = listed || listed_dim == instance;
+      if (listed_dim >= d) {
+        EXPECT_LE(instance, listed_dim);  // the smallest that holds D
+      }
+    }
+    EXPECT_TRUE(listed);
+  }
+  EXPECT_EQ(attention_instance_dim(0), 0);
+  EXPECT_EQ(attention_instance_dim(-64), 0);
+}
+
+TEST(AttentionDims, SplitWorkspaceHoldsEveryPartialThenAlignedTickets) {
+  for (int64_t rows : {1, 7, 32, 4096})
+    for (int64_t splits : {2, 3, 256})
+      for (int dim : {64, 128, 256}) {
+        size_t at = 0;
+        const size_t bytes = attention_split_workspace_bytes(rows, splits, 5, dim, &at);
+        EXPECT_EQ(at % 16, 0u);
+        EXPECT_GE(at, size_t(rows * splits) * (dim + 1) * sizeof(float));
+        EXPECT_LT(at, size_t(rows * splits) * (dim + 1) * sizeof(float) + 16);
+        EXPECT_EQ(bytes, at + 5 * sizeof(unsigned long long));
+      }
+}
+
 }  // namespace
 }  // namespace nvfp4kv

@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 
+#include "nvfp4kv/core/attention.hpp"
 #include "nvfp4kv/core/config.hpp"
 #include "nvfp4kv/core/layout_view.hpp"
 #include "nvfp4kv/core/ops.hpp"
@@ -50,15 +51,11 @@ struct DecodeGeometry {
   size_t workspace_bytes = 0;  // split partials and tickets (0 when splits == 1)
 };
 
-// The workspace of a split call: each split's partial (O / l, D floats) and its
-// log-sum-exp per (sequence, query head), then a 64-bit ticket per (sequence, kv
-// head) at *tickets_at, 16-byte aligned.
-NVFP4KV_HD size_t decode_split_workspace_bytes(int64_t batch, int64_t splits, int64_t q_heads, int64_t kv_heads,
-                                                      int head_dim, size_t* tickets_at = nullptr) {
-  const size_t rows = size_t(batch) * size_t(splits) * size_t(q_heads);
-  const size_t at = (rows * (size_t(head_dim) + 1) * sizeof(float) + 15) / 16 * 16;
-  if (tickets_at) *tickets_at = at;
-  return at + size_t(batch) * size_t(kv_heads) * sizeof(unsigned long long);
+// The workspace of a split decode call (core/attention.hpp): a partial per
+// (sequence, split, query head), in that order, and a ticket per (sequence, kv head).
+NVFP4KV_HD constexpr size_t decode_split_workspace_bytes(int64_t batch, int64_t splits, int64_t q_heads,
+                                                         int64_t kv_heads, int head_dim, size_t* tickets_at = nullptr) {
+  return attention_split_workspace_bytes(batch * q_heads, splits, batch * kv_heads, head_dim, tickets_at);
 }
 
 struct DecodeDeviceFacts {

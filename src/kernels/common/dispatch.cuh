@@ -63,3 +63,36 @@
     constexpr int kGroupRows = 16;                         \
     return __VA_ARGS__();                                  \
   }()
+
+// The attention families' head dims (core/attention.hpp: kAttentionHeadDims): the
+// instance D a geometry chose, 64, 128 or 256; the planners refuse anything else
+// before this.
+#define NVFP4KV_DISPATCH_ATTENTION_HEAD_DIM(instance_dim, kD, ...) \
+  [&] {                                                            \
+    switch (instance_dim) {                                        \
+      case 64: {                                                   \
+        constexpr int kD = 64;                                     \
+        return __VA_ARGS__();                                      \
+      }                                                            \
+      case 128: {                                                  \
+        constexpr int kD = 128;                                    \
+        return __VA_ARGS__();                                      \
+      }                                                            \
+      default: {                                                   \
+        constexpr int kD = 256;                                    \
+        return __VA_ARGS__();                                      \
+      }                                                            \
+    }                                                              \
+  }()
+
+// Attention's soft-cap as a compile-time policy (attention/options.cuh): off, the
+// logit path has no instruction for it.
+#define NVFP4KV_DISPATCH_SOFTCAP(enabled, kSoftcap, ...) \
+  [&] {                                                  \
+    if (enabled) {                                       \
+      constexpr bool kSoftcap = true;                    \
+      return __VA_ARGS__();                              \
+    }                                                    \
+    constexpr bool kSoftcap = false;                     \
+    return __VA_ARGS__();                                \
+  }()

@@ -12,7 +12,7 @@
 // A tile:
 //  - S = K Q^T on FP16 tensor cores (m16n8k16): M = the tile's 16 tokens, N = 8
 //    query heads, K = 16 columns of D. A lane's K operand is 4 E2M1 values of one
-//    token; they become FP16 by bit placement (place_e2m1: e2m1 * 2^-14, exact)
+//    token; they become FP16 by bit placement (attention/dequant.cuh: e2m1 * 2^-14, exact)
 //    times the token's block scale in FP16 (exact: <= 6 significant bits,
 //    >= 2^-24), so each K element is dequantized once per block and serves every
 //    query head of the group.
@@ -34,12 +34,16 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
+#include "../attention/dequant.cuh"
+#include "../attention/epilogue.cuh"
+#include "../attention/mma.cuh"
+#include "../attention/options.cuh"
+#include "../attention/softmax.cuh"
+#include "../attention/split.cuh"
 #include "../common/device.cuh"
 #include "../common/dispatch.cuh"
 #include "params.hpp"
-#include "tensor_ops.cuh"
 
 namespace nvfp4kv::kernels {
 namespace decode {
@@ -51,8 +55,8 @@ using decode_limits::kConsumerWarps, decode_limits::kTile;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 [[maybe_unused]] constexpr int kProducerWarp = kConsumerWarps;
 constexpr int kThreads = kConsumerThreads + 32;
-[[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f;
-[[maybe_unused]] constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using attention::fast_exp2, attention::hmul2, attention::kLog2e, attention::kNegInf, attention::mma_16816,
+    attention::pack_half2, attention::transpose_8x8;
 
 // Byte offset, inside a token's data row, of K data word w (8 elements) of lane
 // column c: lanes 0-3 of a row split the row's 16-byte chunks between them.
@@ -144,8 +148,10 @@ struct StageMask {
   bool all_ok;            // every page slot was
 };
 
-template <int kD, int kGroupRows, ElementType kType>
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap>
 struct DecodeBlock {
+  using Format = attention::Nvfp4Fp16;  // the dequantize part (attention/dequant.cuh)
+  using Logits = attention::Logits<kSoftcap>;
   const DecodeParams& p;
   const Smem& s;
   const DecodeThread& th;
@@ -321,12 +327,12 @@ struct DecodeBlock {
       if (amax > 0 && amax <= 3.0e38f) shift = 14 - ilogbf(amax);
 #pragma unroll
       for (int k = 0; k < kD / 32; ++k) s.q[r * kD + th.lane + 32 * k] = __float2half_rn(ldexpf(v[k], shift));
-      if (th.lane == 0) s.row_scale[r] = ldexpf(a.softmax_scale * k_global_scale, 14 - shift) * kLog2e;
+      if (th.lane == 0) s.row_scale[r] = ldexpf(a.softmax_scale * k_global_scale, Format::kExponentBias - shift) * kLog2e;
     }
   }
 
   // The query as the B operand of S = K Q^T (K: 16 columns of D, N: 8 heads), in
-  // the column order the K operand's placement gives (word_offset, place_e2m1):
+  // the column order the K operand's placement gives (word_offset, Format::place):
   // k-step ks of lane column c covers columns col, col + 4 (rows 2c, 2c + 1) and
   // col + 1, col + 5 (rows 2c + 8, 2c + 9), col = 2 word_offset(c, ks / 2) + 2 (ks % 2).
   __device__ void store_query_fragments() const {
@@ -417,14 +423,14 @@ struct DecodeBlock {
     uint32_t sc0[kKGroups], sc1[kKGroups];
 #pragma unroll
     for (int k = 0; k < kKGroups; ++k) {
-      sc0[k] = scale_pair(st[r0.y + ln.kscol[k]]);
-      sc1[k] = scale_pair(st[r1.y + ln.kscol[k]]);
+      sc0[k] = Format::scale_pair(st[r0.y + ln.kscol[k]]);
+      sc1[k] = Format::scale_pair(st[r1.y + ln.kscol[k]]);
     }
 #pragma unroll
     for (int w = 0; w < kWords; ++w) {
       uint32_t a[4], b[4];
-      place_e2m1(w0[w], a);
-      place_e2m1(w1[w], b);
+      Format::place(w0[w], a);
+      Format::place(w1[w], b);
 #pragma unroll
       for (int k = 0; k < 4; ++k) a[k] = hmul2(a[k], sc0[w / 2]), b[k] = hmul2(b[k], sc1[w / 2]);
 #pragma unroll
@@ -459,16 +465,16 @@ struct DecodeBlock {
       uint32_t b[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) b[k] = live[k] ? uint32_t(st[r[k].y + ln.vscol[q]]) : 0u;
-      sp[0][q] = scale_pair2(b[0], b[1]);
-      sp[1][q] = scale_pair2(b[2], b[3]);
+      sp[0][q] = Format::scale_pair2(b[0], b[1]);
+      sp[1][q] = Format::scale_pair2(b[2], b[3]);
     }
 #pragma unroll
     for (int j = 0; j < kVWords; ++j) {  // elements 8j .. 8j + 7 of the lane's
       uint32_t A[2][4], B[2][4];  // element 8j + 4h + k of (2c, 2c + 1) and of (2c + 8, 2c + 9)
-      place_e2m1(__byte_perm(dw[0][j], dw[1][j], 0x5410), A[0]);
-      place_e2m1(__byte_perm(dw[0][j], dw[1][j], 0x7632), A[1]);
-      place_e2m1(__byte_perm(dw[2][j], dw[3][j], 0x5410), B[0]);
-      place_e2m1(__byte_perm(dw[2][j], dw[3][j], 0x7632), B[1]);
+      Format::place(__byte_perm(dw[0][j], dw[1][j], 0x5410), A[0]);
+      Format::place(__byte_perm(dw[0][j], dw[1][j], 0x7632), A[1]);
+      Format::place(__byte_perm(dw[2][j], dw[3][j], 0x5410), B[0]);
+      Format::place(__byte_perm(dw[2][j], dw[3][j], 0x7632), B[1]);
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -488,7 +494,7 @@ struct DecodeBlock {
   // through the softmax's shuffles.
   template <int kCount>
   __device__ void take_tiles(const Lane& ln, const QFrags& qf, const uint8_t* st, const int (&first)[kCount],
-                             const StageMask& mk, State& state, float softcap) const {
+                             const StageMask& mk, State& state, const Logits& logits) const {
     const int g = ln.g;
     float sacc[kCount][kNT][4];
     bool full[kCount];
@@ -508,8 +514,7 @@ struct DecodeBlock {
         const bool v0 = full[i] || token_valid(first[i] + g, mk), v1 = full[i] || token_valid(first[i] + g + 8, mk);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          float y = sacc[i][nt][k] * ln.rs[nt][k & 1];
-          if (softcap > 0) y = softcap * kLog2e * tanhf(y / (softcap * kLog2e));
+          const float y = logits(sacc[i][nt][k] * ln.rs[nt][k & 1]);
           x[i][k] = (k < 2 ? v0 : v1) ? y : kNegInf;
         }
       }
@@ -523,13 +528,13 @@ struct DecodeBlock {
         mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 8));
         mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 16));
         const float m_new = fmaxf(state.m[nt][h], mx);
-        const float m_use = m_new == kNegInf ? 0.0f : m_new;
-        alpha[h] = fast_exp2(state.m[nt][h] - m_use);
+        const attention::Rebase rb = attention::rebase(state.m[nt][h], m_new);
+        alpha[h] = rb.alpha;
         float sum = 0.0f;
 #pragma unroll
         for (int i = 0; i < kCount; ++i) {
-          x[i][h] = fast_exp2(x[i][h] - m_use);
-          x[i][h + 2] = fast_exp2(x[i][h + 2] - m_use);
+          x[i][h] = fast_exp2(x[i][h] - rb.m_use);
+          x[i][h + 2] = fast_exp2(x[i][h + 2] - rb.m_use);
           sum += x[i][h] + x[i][h + 2];
         }
         state.l[nt][h] = state.l[nt][h] * alpha[h] + sum;
@@ -553,157 +558,18 @@ struct DecodeBlock {
   }
 };
 
-// ---- the split-KV merge -------------------------------------------------------
-// The workspace of a split call: each split's partial per (sequence, query head),
-// then a ticket per (sequence, kv head) that finds the split to finish last, which
-// merges. A ticket counts finished splits as kTicketTag << 16 | count; any other
-// value reads as zero finished, and the last split leaves the count at 0: so the
-// ticket resets itself for the next call (graph replays need no memset) and a
-// workspace fresh from cudaMalloc needs no clearing either (a stray value would
-// have to carry the 48-bit tag to be misread).
-constexpr unsigned long long kTicketTag = 0x6E7666703462ull;  // "nvfp4b"
-struct SplitWorkspace {
-  float* partial;                // (batch, splits, q_heads, D) O / l of each split
-  float* lse2;                   // (batch, splits, q_heads) max + log2(l) of each split
-  unsigned long long* tickets;   // (batch, kv heads)
-
-  __device__ static SplitWorkspace of(const DecodeParams& p) {
-    const DecodeGeometry& g = p.geometry;
-    size_t at = 0;
-    decode_split_workspace_bytes(p.args.batch.batch, g.splits, p.args.q_heads, p.layout.dims().heads, g.head_dim, &at);
-    char* base = static_cast<char*>(p.args.workspace);
-    float* partial = reinterpret_cast<float*>(base);
-    return {partial, partial + size_t(p.args.batch.batch) * g.splits * p.args.q_heads * g.head_dim,
-            reinterpret_cast<unsigned long long*>(base + at)};
-  }
-};
-
-// Counts this split as finished; true for the split that finished last (which
-// leaves the ticket at kTicketTag << 16, "tagged, none finished"). Thread 0 of the
-// block only, after the block's partials were written and fenced. A tagged ticket
-// takes one atomicAdd (its count sits in the low 16 bits; splits <= 256); only a
-// ticket not yet tagged (a workspace fresh from cudaMalloc, the first call) goes
-// through a compare-and-swap loop, whose retries under contention cost an L2 round
-// trip each (run 33: the CAS loop on every call cost batch 1 several microseconds).
-__device__ inline bool finish_split(unsigned long long* ticket, int splits) {
-  constexpr unsigned long long kReset = kTicketTag << 16;
-  unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(ticket);
-  if ((seen >> 16) == kTicketTag) {
-    const unsigned long long was = atomicAdd(ticket, 1ull);
-    const int done = int(was & 0xFFFFu) + 1;
-    if (done < splits) return false;
-    atomicExch(ticket, kReset);
-    return true;
-  }
-  for (;;) {
-    const int done = (seen >> 16) == kTicketTag ? int(seen & 0xFFFFu) : 0;
-    const unsigned long long next = done + 1 == splits ? kReset : (kTicketTag << 16) | unsigned(done + 1);
-    const unsigned long long was = atomicCAS(ticket, seen, next);
-    if (was == seen) return done + 1 == splits;
-    seen = was;
-  }
-}
-
-// Shared memory of the merge, carved from the stage area once the block is done with it.
-struct MergeSmem {
-  float* weight;  // (splits, group) each split's log-sum-exp, then its weight
-  float* total;   // (group) softmax denominator over the splits (and the sink)
-  float* m_all;   // (group) the running maximum the weights are relative to
-  int* nan;       // (group) a split's partial was NaN
-};
-
-// The group's query heads of sequence `seq`, all at once: the splits' partials
-// weighted by their softmax denominators (and the sink), normalised, scaled by
-// V's global scale, written in the query's type; a NaN partial makes the head's
-// row NaN. Weights: a warp per head. Rows: a thread per (head, 4 columns), every
-// split's partial loaded through L2 (other blocks wrote them; this SM's L1 may
-// hold an earlier call's) without a condition, so the loads run back to back; a
-// split of weight 0 adds nothing, even a NaN.
-template <int kBlockThreads, ElementType kType>
-__device__ void merge_group(const DecodeParams& p, const SplitWorkspace& w, const MergeSmem& m, int64_t seq,
-                            int64_t kv_head, int tid) {
+// The split workspace of a decode call: partials per (sequence, split, query head),
+// a ticket per (sequence, kv head) (core/decode_plan.hpp).
+inline __device__ attention::SplitWorkspace split_workspace(const DecodeParams& p) {
   const DecodeArgs& a = p.args;
-  const DecodeGeometry& g = p.geometry;
-  const int group = g.group, splits = g.splits;
-  const int64_t dim = p.layout.dims().head_dim;
-  const int64_t head0 = kv_head * group;
-  const int64_t row0 = seq * splits * a.q_heads + head0;  // split k, head r: row0 + k * q_heads + r
-  for (int i = tid; i < splits * group; i += kBlockThreads)
-    m.weight[i] = __ldcg(&w.lse2[row0 + (i / group) * a.q_heads + i % group]);
-  __syncthreads();
-  const int warp = tid / 32, lane = tid % 32;
-  for (int r = warp; r < group; r += kBlockThreads / 32) {
-    float mx = kNegInf;
-    int nan_seen = 0;
-    for (int k = lane; k < splits; k += 32) {
-      const float v = m.weight[k * group + r];
-      nan_seen |= v != v;
-      mx = fmaxf(mx, v);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
-    nan_seen = __any_sync(0xFFFFFFFFu, nan_seen);
-    const float sink = a.sinks ? a.sinks[head0 + r] * kLog2e : kNegInf;
-    const float m_all = fmaxf(mx, sink);
-    float part = 0;
-    for (int k = lane; k < splits; k += 32) {
-      const float wk = mx == kNegInf ? 0.0f : exp2f(m.weight[k * group + r] - m_all);
-      m.weight[k * group + r] = wk;
-      part += wk;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
-    if (lane == 0) {
-      m.total[r] = part + (a.sinks ? exp2f(sink - m_all) : 0.0f);
-      m.m_all[r] = m_all;
-      m.nan[r] = nan_seen;
-    }
-  }
-  __syncthreads();
-  const float out_scale = 16384.0f * *a.v_global_scale;
-  const float nan = __int_as_float(0x7FC00000);
-  const int slots = g.head_dim / 4;
-  const float4* x = reinterpret_cast<const float4*>(w.partial + row0 * g.head_dim);
-  const int64_t step = a.q_heads * slots;  // float4s from one split's row to the next split's
-  for (int i = tid; i < group * slots; i += kBlockThreads) {
-    const int r = i / slots, c4 = i % slots;
-    if (4 * c4 >= dim) continue;
-    const float4* col = x + r * slots + c4;
-    float4 o = make_float4(0, 0, 0, 0);
-#pragma unroll 8
-    for (int k = 0; k < splits; ++k) {
-      const float4 v = __ldcg(col + k * step);
-      const float wk = m.weight[k * group + r];
-      const bool use = wk > 0;
-      o.x = use ? fmaf(v.x, wk, o.x) : o.x, o.y = use ? fmaf(v.y, wk, o.y) : o.y;
-      o.z = use ? fmaf(v.z, wk, o.z) : o.z, o.w = use ? fmaf(v.w, wk, o.w) : o.w;
-    }
-    const float total = m.total[r];
-    const bool poisoned = m.nan[r] != 0;
-    const float v4[4] = {o.x, o.y, o.z, o.w};
-    uint16_t* out = static_cast<uint16_t*>(a.out) + (seq * a.q_heads + head0 + r) * dim;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int64_t cc = 4 * c4 + c;
-      if (cc >= dim) break;
-      float value = total > 0 ? v4[c] / total * out_scale : 0.0f;
-      if (poisoned) value = nan;
-      out[cc] = kType == ElementType::kBFloat16 ? __bfloat16_as_ushort(__float2bfloat16_rn(value))
-                                                : __half_as_ushort(__float2half_rn(value));
-    }
-  }
-  if (a.lse)
-    for (int r = tid; r < group; r += kBlockThreads) {
-      const float total = m.total[r];
-      a.lse[seq * a.q_heads + head0 + r] =
-          m.nan[r] ? nan : total > 0 ? (m.m_all[r] + log2f(total)) / kLog2e : kNegInf;
-    }
+  return attention::SplitWorkspace::at(a.workspace, a.batch.batch * a.q_heads, p.geometry.splits,
+                                       a.batch.batch * p.layout.dims().heads, p.geometry.head_dim);
 }
 
-template <int kD, int kGroupRows, ElementType kType>
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap>
 __device__ void decode_device(const DecodeParams& p, char* smem_raw, const DecodeThread& th) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Block = DecodeBlock<kD, kGroupRows, kType>;
+  using Block = DecodeBlock<kD, kGroupRows, kType, kSoftcap>;
   constexpr int kNT = Block::kNT, kMTiles = Block::kMTiles, kE = Block::kE;
   const DecodeGeometry& g = p.geometry;
   const DecodeArgs& a = p.args;
@@ -716,7 +582,7 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   Span span;
   span.length = len.tokens;
   span.bad_length = len.bad;
-  span.window_start = a.window > 0 ? max(int64_t(0), span.length - a.window) : 0;
+  span.window_start = attention::window_start(span.length - 1, a.window);
   span.first = max(th.split * g.entries_per_split, span.window_start / n);
   span.last = min((th.split + 1) * g.entries_per_split, (span.length + n - 1) / n);
   const float kgs = *a.k_global_scale, vgs = *a.v_global_scale;
@@ -784,6 +650,7 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
     typename Block::QFrags qf;
     const typename Block::Lane ln = block.lane_constants(qf);
     typename Block::State state;
+    const typename Block::Logits logits = Block::Logits::make(a.softcap);
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -814,12 +681,12 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
       if constexpr (kD <= 64) {
         for (; t + kConsumerWarps < block.tiles; t += 2 * kConsumerWarps) {
           const int first[2] = {t * kTile, (t + kConsumerWarps) * kTile};
-          block.template take_tiles<2>(ln, qf, st, first, mk, state, a.softcap);
+          block.template take_tiles<2>(ln, qf, st, first, mk, state, logits);
         }
       }
       for (; t < block.tiles; t += kConsumerWarps) {
         const int first[1] = {t * kTile};
-        block.template take_tiles<1>(ln, qf, st, first, mk, state, a.softcap);
+        block.template take_tiles<1>(ln, qf, st, first, mk, state, logits);
       }
       barrier_arrive(&s.empty[slot]);  // this thread's reads of the slot are done
       if (++slot == g.stages) slot = 0, phase ^= 1;
@@ -862,8 +729,8 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   const float* co = cl + kConsumerWarps * 16;
   const bool poisoned = !scales_ok || span.bad_length || s.flags[0] != 0;
   const int group = g.group;
-  const float nan = __int_as_float(0x7FC00000);
-  const float out_scale = 16384.0f * vgs;  // undo place_e2m1's 2^-14; V's global scale
+  const float nan = attention::quiet_nan();
+  const float out_scale = Block::Format::kUndo * vgs;  // undo the placement's 2^-14; V's global scale
   for (int idx = th.tid; idx < group * d.head_dim; idx += kThreads) {
     const int row = idx / int(d.head_dim), col = idx % int(d.head_dim);
     float mx = kNegInf;
@@ -877,24 +744,16 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
       }
     const int64_t head = th.kv_head * group + row;
     if (g.splits == 1) {
-      float total = l;
-      float m_all = mx;
-      if (a.sinks) {  // the sink joins the denominator only
-        const float sink = a.sinks[head] * kLog2e;
-        m_all = fmaxf(mx, sink);
-        total = l * (mx == kNegInf ? 0.0f : exp2f(mx - m_all)) + exp2f(sink - m_all);
-        o *= mx == kNegInf ? 0.0f : exp2f(mx - m_all);
-      }
-      float value = total > 0 ? o / total * out_scale : 0.0f;
-      float lse = total > 0 ? (m_all + log2f(total)) / kLog2e : kNegInf;
+      const attention::RowTotal t = attention::finish_row(mx, l, attention::sink_logit2(a.sinks, head));
+      float value = t.total > 0 ? o * t.factor / t.total * out_scale : 0.0f;
+      float lse = t.lse;
       if (poisoned) value = lse = nan;
       uint16_t* out = static_cast<uint16_t*>(a.out) + (th.seq * a.q_heads + head) * d.head_dim + col;
-      *out = kType == ElementType::kBFloat16 ? __bfloat16_as_ushort(__float2bfloat16_rn(value))
-                                             : __half_as_ushort(__float2half_rn(value));
+      *out = attention::to_half_bits<kType>(value);
       if (a.lse && col == 0) a.lse[th.seq * a.q_heads + head] = lse;
     } else {
       // A partial: O / l and log2(l) + max, per (sequence, split, query head).
-      const SplitWorkspace w = SplitWorkspace::of(p);
+      const attention::SplitWorkspace w = split_workspace(p);
       const int64_t part = (th.seq * g.splits + th.split) * a.q_heads + head;
       w.partial[part * kD + col] = poisoned ? nan : (l > 0 ? o / l : 0.0f);
       if (col == 0) w.lse2[part] = poisoned ? nan : (l > 0 ? mx + log2f(l) : kNegInf);
@@ -905,20 +764,33 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   // split are written and fenced before each counts itself finished).
   __threadfence();
   __syncthreads();  // every thread's partials written and fenced; the combine area is free
-  const SplitWorkspace w = SplitWorkspace::of(p);
+  const attention::SplitWorkspace w = split_workspace(p);
   int* last = s.flags + 1;
-  if (th.tid == 0) *last = finish_split(&w.tickets[th.seq * d.heads + th.kv_head], g.splits);
+  if (th.tid == 0) *last = attention::finish_split(&w.tickets[th.seq * d.heads + th.kv_head], g.splits);
   __syncthreads();
   if (!*last) return;
   __threadfence();  // the other splits' partials, seen through their fences
   Carve c;
-  MergeSmem m;
-  char* area = reinterpret_cast<char*>(s.stage);  // (splits x group + 3 x group) words: at most 17 KB
+  attention::MergeSmem m;
+  char* area = reinterpret_cast<char*>(s.stage);  // (splits + 3) x group words: at most 17 KB
   m.weight = c.take<float>(area, size_t(g.splits) * group);
   m.total = c.take<float>(area, group);
   m.m_all = c.take<float>(area, group);
   m.nan = c.take<int>(area, group);
-  merge_group<kThreads, kType>(p, w, m, th.seq, th.kv_head, th.tid);
+  const int64_t head0 = th.kv_head * group;
+  attention::MergeJob job;
+  job.row0 = th.seq * g.splits * a.q_heads + head0;
+  job.split_stride = a.q_heads;
+  job.rows = group;
+  job.splits = g.splits;
+  job.dim = int(d.head_dim);
+  job.partial_dim = kD;
+  job.out = static_cast<uint16_t*>(a.out) + (th.seq * a.q_heads + head0) * d.head_dim;
+  job.out_stride = d.head_dim;
+  job.lse = a.lse ? a.lse + th.seq * a.q_heads + head0 : nullptr;
+  job.sinks = a.sinks ? a.sinks + head0 : nullptr;
+  job.out_scale = out_scale;
+  attention::merge_rows<kThreads, kType>(w, job, m, th.tid);
 #endif
 }
 
@@ -926,21 +798,21 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
 // The registers by __launch_bounds__: 96 for two blocks of 9 warps per SM (registers
 // are allocated for warps in pairs, so 112 with __maxnreg__ left one block per SM
 // and 220 at D 256 / group 16 could not launch: run 32).
-template <int kD, int kGroupRows, ElementType kType>
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap>
 __global__ void __launch_bounds__(kThreads, decode_blocks_per_sm(kD, kGroupRows)) decode_kernel(const __grid_constant__ DecodeParams p) {
 #if NVFP4KV_KERNEL_ARCH_SUPPORTED
   extern __shared__ __align__(128) char smem[];
   const DecodeThread th{int(threadIdx.x), int(threadIdx.x) / 32, int(threadIdx.x) % 32, int64_t(blockIdx.x),
                         int64_t(blockIdx.y), int64_t(blockIdx.z)};
-  decode_device<kD, kGroupRows, kType>(p, smem, th);
+  decode_device<kD, kGroupRows, kType, kSoftcap>(p, smem, th);
 #else
   __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
 #endif
 }
 
-template <int kD, int kGroupRows, ElementType kType>
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap>
 cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
-  const auto kernel = decode_kernel<kD, kGroupRows, kType>;
+  const auto kernel = decode_kernel<kD, kGroupRows, kType, kSoftcap>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, p.geometry.smem_bytes);
   if (e != cudaSuccess) return e;
   const dim3 grid{unsigned(p.geometry.splits), unsigned(p.layout.dims().heads), unsigned(p.args.batch.batch)};
@@ -948,17 +820,17 @@ cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Runs op.run<kD, kGroupRows, kType>() for the call's head dim, GQA rows and type.
+// Runs op.run<kD, kGroupRows, kType, kSoftcap>() for the call's head dim, GQA rows,
+// type and soft-cap.
 template <typename Op>
 cudaError_t dispatch(const DecodeParams& p, const Op& op) {
   const int64_t group = p.args.q_heads / p.layout.dims().heads;
   return NVFP4KV_DISPATCH_HALF_TYPE(p.args.q_type, kType, [&] {
     return NVFP4KV_DISPATCH_GROUP_ROWS(group, kGroupRows, [&] {
-      switch (p.geometry.head_dim) {
-        case 64: return op.template run<64, kGroupRows, kType>();
-        case 128: return op.template run<128, kGroupRows, kType>();
-        default: return op.template run<256, kGroupRows, kType>();
-      }
+      return NVFP4KV_DISPATCH_SOFTCAP(p.args.softcap > 0, kSoftcap, [&] {
+        return NVFP4KV_DISPATCH_ATTENTION_HEAD_DIM(p.geometry.head_dim, kD,
+                                                   [&] { return op.template run<kD, kGroupRows, kType, kSoftcap>(); });
+      });
     });
   });
 }
@@ -966,9 +838,9 @@ cudaError_t dispatch(const DecodeParams& p, const Op& op) {
 struct LaunchOp {
   const DecodeParams& p;
   cudaStream_t stream;
-  template <int kD, int kGroupRows, ElementType kType>
+  template <int kD, int kGroupRows, ElementType kType, bool kSoftcap>
   cudaError_t run() const {
-    return launch<kD, kGroupRows, kType>(p, stream);
+    return launch<kD, kGroupRows, kType, kSoftcap>(p, stream);
   }
 };
 
@@ -976,9 +848,9 @@ struct LaunchOp {
 struct OccupancyOp {
   const DecodeGeometry& g;
   int* per_sm;
-  template <int kD, int kGroupRows, ElementType kType>
+  template <int kD, int kGroupRows, ElementType kType, bool kSoftcap>
   cudaError_t run() const {
-    const auto kernel = decode_kernel<kD, kGroupRows, kType>;
+    const auto kernel = decode_kernel<kD, kGroupRows, kType, kSoftcap>;
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g.smem_bytes);
     if (e != cudaSuccess) return e;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, kThreads, g.smem_bytes);
@@ -1000,19 +872,17 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
   DecodeKernelFacts kernel;
   kernel.smem_bytes = [n](const DecodeGeometry& geo) {
     size_t bytes = 0;
-    switch (geo.head_dim) {
-      case 64: bytes = carve<64>(nullptr, geo, n, nullptr); break;
-      case 128: bytes = carve<128>(nullptr, geo, n, nullptr); break;
-      default: bytes = carve<256>(nullptr, geo, n, nullptr); break;
-    }
+    NVFP4KV_DISPATCH_ATTENTION_HEAD_DIM(geo.head_dim, kD, [&] { bytes = carve<kD>(nullptr, geo, n, nullptr); });
     return int(bytes + 128);  // slack kept from the first design (the dynamic base is 128-byte aligned already)
   };
   kernel.blocks_per_sm = [&](const DecodeGeometry& geo) {
     DecodeParams q = p;
     q.geometry = geo;
-    // The bf16 instance stands for both query types: plan_decode (which knows no
-    // type) and the call must plan alike (ptxas gives both the same registers).
+    // The bf16 instance without soft-cap stands for all four: plan_decode (which
+    // knows neither) and the call must plan alike (__launch_bounds__ gives every
+    // instance the same blocks per SM).
     q.args.q_type = ElementType::kBFloat16;
+    q.args.softcap = 0;
     int per_sm = 0;
     e = dispatch(q, OccupancyOp{geo, &per_sm});
     return e == cudaSuccess ? per_sm : -1;

@@ -1,0 +1,55 @@
+#pragma once
+// The dequantize part of attention: cache elements and block scales as FP16 MMA
+// operands. A format policy is a struct with the same members; the tiles call
+// only these, so a second element format (or a transform applied to q and the
+// output instead of K/V) changes the policy, not the tile.
+//
+// Nvfp4Fp16: E2M1 codes placed as FP16 values code * 2^-kExponentBias (exact, by
+// bit placement: Hopper has no E2M1 conversion instruction) and E4M3 block scales
+// converted to FP16 (exact: FP16 holds every E4M3 value); their product is exact
+// in FP16 (<= 6 significant bits, >= 2^-24). A kernel undoes 2^-kExponentBias
+// once per row, in the logit multiplier for K and in the output scale for V.
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace nvfp4kv::kernels::attention {
+
+struct Nvfp4Fp16 {
+  // Every placed element carries this power of two: value = code * 2^-14.
+  static constexpr int kExponentBias = 14;
+  static constexpr float kUndo = 16384.0f;  // 2^kExponentBias
+
+  // An E4M3 block scale as two equal FP16 values.
+  __device__ __forceinline__ static uint32_t scale_pair(uint32_t code) {
+    uint32_t pair;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(pair) : "h"(uint16_t(code * 0x101u)));
+    return pair;
+  }
+
+  // Two E4M3 block scales as one FP16 pair (lo, hi).
+  __device__ __forceinline__ static uint32_t scale_pair2(uint32_t lo, uint32_t hi) {
+    uint32_t pair;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(pair) : "h"(uint16_t(lo | (hi << 8))));
+    return pair;
+  }
+
+  // Eight E2M1 codes (a data word: element e in bits 4e..4e+3) as four FP16 pairs
+  // (element k, element k + 4), each value e2m1 * 2^-14 exactly: the 3 magnitude
+  // bits go under the FP16 exponent's low bits and the mantissa's top bit (a
+  // subnormal for code 1, 0.5 * 2^-14), the sign to bit 15; the low byte is zero.
+  // So each FP16's high byte is (sign << 7) | (magnitude << 1): made for the low
+  // nibbles (lo) and the high nibbles (hi) of the word's four bytes at once, then
+  // moved into place by byte permutes with a zero register. About 11 operations
+  // per 8 elements.
+  __device__ __forceinline__ static void place(uint32_t w, uint32_t (&r)[4]) {
+    const uint32_t lo = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
+    const uint32_t hi = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
+    r[0] = __byte_perm(lo, 0u, 0x2404);  // elements 0, 4: low nibbles of bytes 0, 2
+    r[1] = __byte_perm(hi, 0u, 0x2404);  // elements 1, 5: high nibbles of bytes 0, 2
+    r[2] = __byte_perm(lo, 0u, 0x3414);  // elements 2, 6
+    r[3] = __byte_perm(hi, 0u, 0x3414);  // elements 3, 7
+  }
+};
+
+}  // namespace nvfp4kv::kernels::attention
