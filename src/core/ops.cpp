@@ -107,6 +107,26 @@ std::string decode_problem(const ValidLayout& layout, const CacheBuffers& buffer
   return "";
 }
 
+DecodeArgs decode_args_of(const PrefillArgs& a) {
+  DecodeArgs d;
+  d.q = a.q;
+  d.q_type = a.q_type;
+  d.q_heads = a.q_heads;
+  d.q_token_stride = a.q_token_stride;
+  d.batch = a.batch;
+  d.layer = a.layer;
+  d.softmax_scale = a.softmax_scale;
+  d.k_global_scale = a.k_global_scale;
+  d.v_global_scale = a.v_global_scale;
+  d.window = a.window;
+  d.softcap = a.softcap;
+  d.sinks = a.sinks;
+  d.out = a.out;
+  d.lse = a.lse;
+  d.status = a.status;
+  return d;
+}
+
 std::string prefill_problem(const ValidLayout& layout, const CacheBuffers& buffers, const PrefillArgs& a) {
   if (std::string p = attention_problem(layout, buffers, a.layer, a.k_global_scale, a.v_global_scale, a.batch,
                                         {a.q_heads, a.q_token_stride, a.softmax_scale, a.window, a.softcap});

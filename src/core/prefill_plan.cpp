@@ -9,11 +9,13 @@ std::string plan_prefill_geometry(const LayoutView& layout, const PrefillArgs& a
                                   PrefillGeometry* out) {
   using namespace prefill_limits;
   const CacheDims& d = layout.dims();
-  if (d.head_dim > 256) return "prefill attention supports head dims up to 256, got " + std::to_string(d.head_dim);
+  if (attention_instance_dim(d.head_dim) == 0)
+    return "prefill attention supports head dims up to " + std::to_string(kMaxAttentionHeadDim) + ", got " +
+           std::to_string(d.head_dim);
   if (args.q_heads < d.heads || args.q_heads % d.heads != 0 || args.q_heads / d.heads > 16)
     return "q_heads must be a multiple of the " + std::to_string(d.heads) + " kv heads, at most 16 per kv head";
   PrefillGeometry g;
-  g.head_dim = d.head_dim <= 64 ? 64 : d.head_dim <= 128 ? 128 : 256;
+  g.head_dim = attention_instance_dim(d.head_dim);
   g.group = int(args.q_heads / d.heads);
   // The group's heads share every dequantized K/V element: a block's 64 rows are
   // 64 / group query tokens times the group (a group of 3 uses 63 rows).

@@ -92,17 +92,7 @@ TEST(PrefillReference, QueryLengthOneIsDecode) {
     p.window = (variant & 1) ? 20 : 0;
     p.softcap = (variant & 2) ? 1.5f : 0;
     p.sinks = (variant & 4) ? sinks.data() : nullptr;
-    DecodeArgs d;
-    d.q = p.q;
-    d.q_type = p.q_type;
-    d.q_heads = p.q_heads;
-    d.batch = p.batch;
-    d.softmax_scale = p.softmax_scale;
-    d.k_global_scale = p.k_global_scale;
-    d.v_global_scale = p.v_global_scale;
-    d.window = p.window;
-    d.softcap = p.softcap;
-    d.sinks = p.sinks;
+    const DecodeArgs d = decode_args_of(p);
     const PrefillResult got = prefill_attention(f.valid, f.cache.buffers, p);
     const DecodeResult want = decode_attention(f.valid, f.cache.buffers, d);
     ASSERT_EQ(got.out.size(), want.out.size());

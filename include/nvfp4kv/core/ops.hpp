@@ -122,6 +122,11 @@ struct PrefillArgs {
   NVFP4KV_HD int64_t raw_q_length(int64_t s) const { return int64_t(cu_seqlens_q[s + 1]) - int64_t(cu_seqlens_q[s]); }
 };
 
+// Decode's arguments for the same batch, options and outputs when every q length
+// is 1 (the mixed-batch call routes such runs to decode; the reference tests
+// compare the two definitions): q rows are taken as the batch's rows.
+DecodeArgs decode_args_of(const PrefillArgs& a);
+
 // The tokens sequence s's queries read: [first, kv_len) where the first query's
 // window starts (0 without a window). q_len and kv_len as used, 0 <= q_len <= kv_len.
 NVFP4KV_HD int64_t prefill_first_token(int64_t q_len, int64_t kv_len, int64_t window) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "nvfp4kv/core/attention.hpp"
 #include "nvfp4kv/core/layout_view.hpp"
 #include "nvfp4kv/core/ops.hpp"
 
@@ -29,13 +30,14 @@ struct PrefillGeometry {
   int smem_bytes = 0;       // dynamic shared memory of one block
 };
 
-// A block's shared memory, in the order the kernel carves it (16-byte aligned parts):
-// Q (kRows, D + kPad) FP16, K (kv_tile, D + kPad) FP16, V^T (D, kv_tile + kPad) FP16,
-// and 16 bytes of flags.
+// A block's shared memory, in the order the kernel carves it (each part a
+// multiple of 16 bytes): Q (kRows, D + kPad) FP16, K (kv_tile, D + kPad) FP16,
+// V^T (D, kv_tile + kPad) FP16, the rows' logit multipliers (kRows) float, and
+// 16 bytes of flags.
 NVFP4KV_HD constexpr size_t prefill_smem_bytes(int head_dim, int kv_tile) {
   using namespace prefill_limits;
   return size_t(kRows) * (head_dim + kPad) * 2 + size_t(kv_tile) * (head_dim + kPad) * 2 +
-         size_t(head_dim) * (kv_tile + kPad) * 2 + 16;
+         size_t(head_dim) * (kv_tile + kPad) * 2 + size_t(kRows) * 4 + 16;
 }
 
 // Fills *out from the layout and the call's shape (args: q_heads, max_q_len).
