@@ -1,8 +1,10 @@
 // Prefill / extend attention on the GPU against the fp64 reference on the same
 // dequantized cache (reference::prefill_attention reads the cache bytes through
-// the layout), and the mixed-batch call. Bounds: measured on the H200 over the
-// cases below (src/kernels/NOTES.md, Prefill); a dropped scale or a wrong
-// layout gives errors above 0.1. Skipped, with a message, without a GPU.
+// the layout), and the mixed-batch call. Bounds: decode's (the output type's
+// rounding plus P in FP16); measured on the H200 over the cases below, worst
+// rel L2 1.77e-3 (bf16), 2.42e-4 (fp16), LSE 3.3e-5, each at least 30 % under
+// (src/kernels/NOTES.md, Prefill). A dropped scale or a wrong layout gives
+// errors above 0.1. Skipped, with a message, without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
