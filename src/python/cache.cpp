@@ -9,6 +9,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <tuple>
+#include <utility>
+
 #include <cstring>
 #include <map>
 #include <memory>
@@ -320,20 +323,7 @@ class Cache {
     DeviceGuard on(place_);
     const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     const size_t need = workspace_bytes(batch, q_heads, a.batch.block_table_stride);
-    if (workspace_array) {
-      const ArrayFacts w(*workspace_array);
-      require_place(w, "workspace", place_);
-      require_contiguous(w, "workspace");
-      require_aligned(w.data, "workspace", 256);
-      if (w.nbytes < need)
-        fail("workspace", "this shape needs " + std::to_string(need) + " bytes (Cache.decode_workspace_bytes), got " +
-                              std::to_string(w.nbytes));
-      a.workspace = workspace_array->data();
-      a.workspace_bytes = w.nbytes;
-    } else if (need > 0) {
-      a.workspace = own_workspace(need, s);
-      a.workspace_bytes = need;
-    }
+    std::tie(a.workspace, a.workspace_bytes) = workspace_for(workspace_array, need, s, "decode_workspace_bytes");
     run([&](const CacheBuffers& b, uintptr_t) { raise_for(nvfp4kv::decode_attention(layout_, b, a, s)); }, layer, stream);
 #else
     (void)stream;
@@ -426,20 +416,7 @@ class Cache {
     size_t need = 0;
     raise_for(mixed_workspace_bytes(layout_, q_lens.data(), batch, q_heads, a.batch.block_table_stride, &need));
     MixedBatch m{.args = a, .q_lens = q_lens.data()};
-    if (workspace_array) {
-      const ArrayFacts w(*workspace_array);
-      require_place(w, "workspace", place_);
-      require_contiguous(w, "workspace");
-      require_aligned(w.data, "workspace", 256);
-      if (w.nbytes < need)
-        fail("workspace", "this batch needs " + std::to_string(need) + " bytes (Cache.attention_workspace_bytes), got " +
-                              std::to_string(w.nbytes));
-      m.workspace = workspace_array->data();
-      m.workspace_bytes = w.nbytes;
-    } else if (need > 0) {
-      m.workspace = own_workspace(need, s);
-      m.workspace_bytes = need;
-    }
+    std::tie(m.workspace, m.workspace_bytes) = workspace_for(workspace_array, need, s, "attention_workspace_bytes");
     run([&](const CacheBuffers& b, uintptr_t) { raise_for(nvfp4kv::mixed_attention(layout_, b, m, s)); }, layer, stream);
 #else
     (void)stream;
@@ -605,6 +582,23 @@ class Cache {
   }
 
 #if NVFP4KV_HAVE_CUDA
+  // The caller's workspace (checked) or the cache's own, for a call that needs `need` bytes.
+  std::pair<void*, size_t> workspace_for(const std::optional<OutArray>& workspace_array, size_t need, cudaStream_t s,
+                                         const char* sizer) {
+    if (workspace_array) {
+      const ArrayFacts w(*workspace_array);
+      require_place(w, "workspace", place_);
+      require_contiguous(w, "workspace");
+      require_aligned(w.data, "workspace", 256);
+      if (w.nbytes < need)
+        fail("workspace", "this call needs " + std::to_string(need) + " bytes (Cache." + sizer + "), got " +
+                              std::to_string(w.nbytes));
+      return {workspace_array->data(), w.nbytes};
+    }
+    if (need == 0) return {nullptr, 0};
+    return {own_workspace(need, s), need};
+  }
+
   // The cache's own decode workspace, grown outside graph capture only. A grown
   // one never frees the old: a captured graph may still point at it.
   void* own_workspace(size_t bytes, cudaStream_t stream) {
@@ -612,9 +606,9 @@ class Cache {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     cuda_ok(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
     if (capturing != cudaStreamCaptureStatusNone)
-      throw ArgumentError("workspace: this decode shape needs " + std::to_string(bytes) +
+      throw ArgumentError("workspace: this call needs " + std::to_string(bytes) +
                           " bytes of workspace and the stream is being captured, where nothing may be allocated: "
-                          "run the same decode once before capture (warm-up), or pass workspace=");
+                          "run the same call once before capture (warm-up), or pass workspace=");
     workspaces_.push_back(std::make_unique<Allocation>(place_, bytes));
     workspace_size_ = bytes;
     return workspaces_.back()->get();
