@@ -168,7 +168,11 @@ struct DecodeBlock {
   static constexpr int kVWords = kE / 8;          // V data words per lane per token
   static constexpr int kVGroups = kE >= 16 ? kE / 16 : 1;
   static constexpr int kMTiles = kD / 16;         // O^T tiles of 16 rows of D
-  static constexpr bool kQInRegisters = kD * kNT <= 128;
+  // The query's MMA fragments stay in registers only at D 64 with one n-tile: at
+  // D 128 their 16 registers made ptxas spill inside the tile loop under the
+  // 96-register budget (run 38: from shared memory, 8 more loads per tile and no
+  // spill, -6 % time).
+  static constexpr bool kQInRegisters = kD * kNT <= 64;
 
   // ---- loading (the producer warp) ----------------------------------------------
   // Stage j (its entries j * pages_per_stage .. of the span) into stage slot
@@ -253,26 +257,42 @@ struct DecodeBlock {
     const int row = is_scale(r) ? kD / 16 : kD / 2;
     int width = p.layout.vector_bytes(r);
     while (width > 1 && (cols % width != 0 || row % width != 0)) width /= 2;
-    // The (page, head) tile once, then per chunk its two modes in 32 bits: one warp
-    // issues every row copy of the block (run 33: a 64-bit division and a whole
-    // coordinate evaluation per 16-byte chunk made the row presets 0.06x native).
+    // The (page, head) tile once; one warp issues every row copy of the block, so
+    // the per-chunk work is what row mode costs (run 33: a 64-bit division and a
+    // whole coordinate per 16-byte chunk, 0.06x native; run 38: a 32-bit division
+    // per chunk and the width switch, 0.07x).
     const TileMap tile = p.layout.tile(r, p.args.layer, page, th.kv_head);
     const uint8_t* const src0 = p.cache.ptr[p.layout.region(r).buffer] + tile.base;
-    const int chunks = cols / width, total = int(n) * chunks;
-    for (int i = th.lane; i < total; i += 32) {
-      const int t = i / chunks, col = (i - t * chunks) * width;
-      const uint8_t* src = src0 + tile.token(t) + tile.column(col);
-      uint8_t* to = plane + t * row + col;
-      switch (width) {
-        case 16: copy_async<16>(to, src); break;
-        case 8: copy_async<8>(to, src); break;
-        case 4: copy_async<4>(to, src); break;
-        default:
-          for (int k = 0; k < width; ++k) to[k] = src[k];
-      }
+    const int chunks = cols / width;
+    switch (width) {
+      case 16: return copy_chunks<16>(tile, src0, plane, row, chunks);
+      case 8: return copy_chunks<8>(tile, src0, plane, row, chunks);
+      case 4: return copy_chunks<4>(tile, src0, plane, row, chunks);
+      default: return copy_chunks<1>(tile, src0, plane, row, chunks * width);
     }
   }
 
+  // Row t's chunk k (kWidth bytes at column k * kWidth) of every row, by the lanes.
+  // Where the chunks of a row divide the warp, a lane keeps its chunk and steps
+  // rows by 32 / chunks: no division per chunk.
+  template <int kWidth>
+  __device__ void copy_chunks(const TileMap& tile, const uint8_t* src0, uint8_t* plane, int row, int chunks) const {
+    const auto one = [&](int t, int col) {
+      const uint8_t* src = src0 + tile.token(t) + tile.column(col);
+      uint8_t* to = plane + t * row + col;
+      if constexpr (kWidth > 1) copy_async<kWidth>(to, src);
+      else *to = *src;
+    };
+    if (32 % chunks == 0) {
+      const int col = (th.lane % chunks) * kWidth, step = 32 / chunks;
+      for (int t = th.lane / chunks; t < n; t += step) one(t, col);
+    } else {
+      for (int i = th.lane; i < int(n) * chunks; i += 32) {
+        const int t = i / chunks;
+        one(t, (i - t * chunks) * kWidth);
+      }
+    }
+  }
 
   // ---- tables ----------------------------------------------------------------
   __device__ void build_tables() const {
@@ -420,19 +440,18 @@ struct DecodeBlock {
         load_words<16>(st + r1.x + word_offset<kD>(c, 4 * k), w1 + 4 * k);
       }
     }
-    uint32_t sc0[kKGroups], sc1[kKGroups];
+    // Both rows' scales of a group in one conversion; each product takes its half
+    // by the HMUL2 operand select (.H0_H0 / .H1_H1), at no cost.
+    uint32_t sc[kKGroups];  // (token g's scale, token g + 8's) per group
 #pragma unroll
-    for (int k = 0; k < kKGroups; ++k) {
-      sc0[k] = Format::scale_pair(st[r0.y + ln.kscol[k]]);
-      sc1[k] = Format::scale_pair(st[r1.y + ln.kscol[k]]);
-    }
+    for (int k = 0; k < kKGroups; ++k) sc[k] = Format::scale_pair2(st[r0.y + ln.kscol[k]], st[r1.y + ln.kscol[k]]);
 #pragma unroll
     for (int w = 0; w < kWords; ++w) {
       uint32_t a[4], b[4];
       Format::place(w0[w], a);
       Format::place(w1[w], b);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) a[k] = hmul2(a[k], sc0[w / 2]), b[k] = hmul2(b[k], sc1[w / 2]);
+      for (int k = 0; k < 4; ++k) a[k] = attention::hmul2_lo(a[k], sc[w / 2]), b[k] = attention::hmul2_hi(b[k], sc[w / 2]);
 #pragma unroll
       for (int u = 0; u < 2; ++u)
 #pragma unroll
