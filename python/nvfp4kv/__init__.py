@@ -302,6 +302,37 @@ class Cache:
         """Workspace bytes a GPU decode of this shape needs (0: sequences are not split)."""
         return self._c.decode_workspace_bytes(batch, q_heads, block_table_stride)
 
+    def attention(self, q: Any, cu_seqlens_q: Any, q_lens: Any, block_table: Any, seq_lens: Any, layer: int,
+                  out: Any, *, cu_seqlens: Any = None, softmax_scale: Optional[float] = None, window: int = 0,
+                  softcap: float = 0.0, sinks: Any = None, lse: Any = None, workspace: Any = None,
+                  stream: Any = None) -> None:
+        """Paged attention for one forward's batch of any q lengths (prefill, extend, chunked
+        prefill, speculative verification and decode together), causal over this layer's pages.
+        Sequence s has q_lens[s] new tokens, rows cu_seqlens_q[s] .. of q and out, and seq_lens[s]
+        tokens in its pages, the new ones included (store them first); its query i sits at
+        position seq_lens[s] - q_lens[s] + i and attends to the tokens up to it (the last `window`
+        of them with a window). On the GPU, runs of q length 1 go to decode attention and the
+        others to the prefill kernel.
+
+        q:            (rows, q_heads, D) bf16 or fp16 (fp32 too on a CPU cache), rows = sum(q_lens).
+        cu_seqlens_q: (batch + 1,) int32 row offsets, on the cache's device.
+        q_lens:       the same lengths as a host sequence of ints (they choose the kernels).
+        block_table:  (batch, max_pages) int32; seq_lens: (batch,) int32 kv lengths, or None and
+                      cu_seqlens (batch + 1,) int32 offsets.
+        out:          (rows, q_heads, D) of q's dtype, contiguous; lse: (rows, q_heads) float32.
+        Options and workspace as decode (attention_workspace_bytes). Bad pages or lengths (a q
+        length above its kv length included) give NaN rows and are counted in status().
+        """
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(self.dims.head_dim)
+        stream = self._stream(stream, q, out, cu_seqlens_q, block_table, seq_lens, cu_seqlens, sinks, lse, workspace)
+        self._c.attention(q, cu_seqlens_q, [int(n) for n in q_lens], block_table, seq_lens, cu_seqlens, layer, out,
+                          float(softmax_scale), int(window), float(softcap), sinks, lse, workspace, stream)
+
+    def attention_workspace_bytes(self, q_lens: Any, q_heads: int, block_table_stride: int) -> int:
+        """Workspace bytes a GPU attention call over these q lengths needs (0: none)."""
+        return self._c.attention_workspace_bytes([int(n) for n in q_lens], q_heads, block_table_stride)
+
     def status(self) -> Dict[str, int]:
         """The counters every call adds to (synchronises with the device):
         stored, padding, out_of_range, non_finite, bad_pages, bad_global_scale, bad_lengths."""

@@ -1,5 +1,6 @@
-// nvfp4kv bench decode: time decode attention on the GPU over a grid of shapes
-// (harness/decode_bench.hpp does the work) and print a table or JSON lines.
+// nvfp4kv bench decode | prefill: time decode or prefill attention on the GPU
+// over a grid of shapes (harness/decode_bench.hpp, harness/prefill_bench.hpp do
+// the work) and print a table or JSON lines.
 #include <iostream>
 #include <sstream>
 
@@ -7,12 +8,13 @@
 #if defined(NVFP4KV_HAVE_CUDA)
 #include "nvfp4kv/api/kv_cache.hpp"
 #include "nvfp4kv/harness/decode_bench.hpp"
+#include "nvfp4kv/harness/prefill_bench.hpp"
 #endif
 
 namespace nvfp4kv::cli {
 namespace {
 
-std::vector<int64_t> integer_list(const Args& a, const std::string& name, int64_t fallback) {
+std::vector<int64_t> integer_list(const Args& a, const std::string& name, int64_t fallback, int64_t least = 1) {
   const auto text = a.get(name);
   if (!text) return {fallback};
   std::vector<int64_t> out;
@@ -26,8 +28,9 @@ std::vector<int64_t> integer_list(const Args& a, const std::string& name, int64_
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used == 0 || used != item.size() || v < 1)
-      throw UsageError("--" + name + " expects positive integers separated by commas, got \"" + *text + "\"");
+    if (used == 0 || used != item.size() || v < least)
+      throw UsageError("--" + name + " expects integers >= " + std::to_string(least) + " separated by commas, got \"" +
+                       *text + "\"");
     out.push_back(v);
   }
   return out;
@@ -53,6 +56,71 @@ const CommandSpec& bench_spec() {
   return s;
 }
 
+const CommandSpec& prefill_spec() {
+  static const CommandSpec s{
+      "bench prefill", "",
+      "Time prefill / extend attention on the GPU over a grid of shapes (each value list is comma-separated):\n"
+      "each sequence has --cached tokens in the cache and --prompt new ones; the median of 7 launches; TFLOP/s\n"
+      "counted as causal attention's FLOPs (4 D per attended query-head and token pair).",
+      {{"batch", "B,...", "sequences (default 1)"},
+       {"prompt", "L,...", "new tokens per sequence (default 2048)"},
+       {"cached", "C,...", "tokens already cached per sequence (default 0)"},
+       {"q-heads", "H,...", "query heads (default 32)"},
+       {"kv-heads", "H,...", "kv heads (default 8)"},
+       {"head-dim", "D,...", "head dim (default 128)"},
+       {"tokens-per-page", "N", "tokens per page (default 16)"},
+       {"layout", "LAYOUT", "the cache layout (default nvfp4kv-native)"},
+       {"fp16", nullptr, "fp16 queries and output instead of bf16"},
+       {"json", nullptr, "one JSON object per line, one per shape"}},
+      "Without a GPU it says so and exits 3."};
+  return s;
+}
+
+int run_bench_prefill(const std::vector<std::string>& argv) {
+  const Args a(std::vector<std::string>(argv.begin() + 1, argv.end()), prefill_spec());
+  if (a.help()) {
+    std::cout << help_text(prefill_spec());
+    return kExitOk;
+  }
+  if (!a.positional().empty()) throw UsageError("unexpected argument " + quote_text(a.positional()[0]));
+  const auto batches = integer_list(a, "batch", 1), prompts = integer_list(a, "prompt", 2048);
+  const auto cached = integer_list(a, "cached", 0, 0);
+  const auto q_heads = integer_list(a, "q-heads", 32), kv_heads = integer_list(a, "kv-heads", 8);
+  const auto dims = integer_list(a, "head-dim", 128);
+  const int64_t page = a.integer("tokens-per-page").value_or(16);
+#if defined(NVFP4KV_HAVE_CUDA)
+  std::string why;
+  if (!cuda_device_available(&why)) {
+    std::cerr << "nvfp4kv bench: " << why << "; prefill attention needs a GPU\n";
+    return kExitUnavailable;
+  }
+  const bool json = a.flag("json");
+  for (int64_t h : kv_heads)
+    for (int64_t qh : q_heads)
+      for (int64_t dim : dims)
+        for (int64_t b : batches)
+          for (int64_t c : cached)
+            for (int64_t L : prompts) {
+              if (qh % h != 0) continue;
+              const harness::PrefillBenchResult r = harness::bench_prefill(
+                  {b, L, c, qh, h, dim, page, a.get("layout").value_or("nvfp4kv-native"),
+                   a.flag("fp16") ? ElementType::kFloat16 : ElementType::kBFloat16});
+              if (json)
+                std::cout << "{\"batch\": " << b << ", \"prompt\": " << L << ", \"cached\": " << c
+                          << ", \"q_heads\": " << qh << ", \"kv_heads\": " << h << ", \"head_dim\": " << dim
+                          << ", \"ms\": " << r.ms << ", \"tflops\": " << r.tflops << "}" << std::endl;
+              else
+                std::cout << "batch " << b << " prompt " << L << " cached " << c << " heads " << qh << "/" << h
+                          << " D " << dim << ": " << r.ms << " ms, " << r.tflops << " TFLOP/s" << std::endl;
+            }
+  return 0;
+#else
+  (void)batches, (void)prompts, (void)cached, (void)q_heads, (void)kv_heads, (void)dims, (void)page;
+  std::cerr << "nvfp4kv bench: this nvfp4kv was built without CUDA (no nvcc at configure time), so there are no kernels to time\n";
+  return kExitUnavailable;
+#endif
+}
+
 }  // namespace
 
 int run_bench(const std::vector<std::string>& argv) {
@@ -60,8 +128,9 @@ int run_bench(const std::vector<std::string>& argv) {
     std::cout << help_text(bench_spec());
     return kExitOk;
   }
+  if (!argv.empty() && argv[0] == "prefill") return run_bench_prefill(argv);
   if (argv.empty() || argv[0] != "decode")
-    throw UsageError("bench needs a kernel: bench decode [options] (nvfp4kv bench decode --help lists them)");
+    throw UsageError("bench needs a kernel: bench decode|prefill [options] (nvfp4kv bench decode --help lists them)");
   const Args a(std::vector<std::string>(argv.begin() + 1, argv.end()), bench_spec());
   if (a.help()) {
     std::cout << help_text(bench_spec());

@@ -63,10 +63,22 @@ std::string gather_problem(const ValidLayout& layout, const CacheBuffers& buffer
   return "";
 }
 
-std::string decode_problem(const ValidLayout& layout, const CacheBuffers& buffers, const DecodeArgs& a) {
-  if (std::string p = buffers_problem(layout, buffers, a.layer); !p.empty()) return p;
-  if (std::string p = scales_problem(a.k_global_scale, a.v_global_scale); !p.empty()) return p;
-  if (std::string p = batch_problem(a.batch, BatchForm::kLengthsOrOffsets); !p.empty()) return p;
+namespace {
+
+// The rules decode and prefill share: the query's heads and rows, the softmax
+// scale and the options.
+struct QueryShape {
+  int64_t q_heads, q_token_stride;
+  float softmax_scale;
+  int64_t window;
+  float softcap;
+};
+
+std::string attention_problem(const ValidLayout& layout, const CacheBuffers& buffers, int64_t layer, const float* kgs,
+                              const float* vgs, const BatchDescriptor& batch, const QueryShape& a) {
+  if (std::string p = buffers_problem(layout, buffers, layer); !p.empty()) return p;
+  if (std::string p = scales_problem(kgs, vgs); !p.empty()) return p;
+  if (std::string p = batch_problem(batch, BatchForm::kLengthsOrOffsets); !p.empty()) return p;
   const CacheDims& d = layout.layout().dims;
   if (a.q_heads < 1 || a.q_heads % d.heads != 0)
     return "q_heads must be a positive multiple of the layout's " + std::to_string(d.heads) + " kv heads, got " +
@@ -81,7 +93,50 @@ std::string decode_problem(const ValidLayout& layout, const CacheBuffers& buffer
   if (a.window < 0) return "window must be >= 0 (0: the whole sequence), got " + std::to_string(a.window);
   if (!(a.softcap >= 0) || !(a.softcap < 3.0e38f))
     return "softcap must be finite and >= 0 (0: off), got " + std::to_string(a.softcap);
+  return "";
+}
+
+}  // namespace
+
+std::string decode_problem(const ValidLayout& layout, const CacheBuffers& buffers, const DecodeArgs& a) {
+  if (std::string p = attention_problem(layout, buffers, a.layer, a.k_global_scale, a.v_global_scale, a.batch,
+                                        {a.q_heads, a.q_token_stride, a.softmax_scale, a.window, a.softcap});
+      !p.empty())
+    return p;
   if (a.batch.batch > 0 && !a.q) return "the query is required";
+  return "";
+}
+
+DecodeArgs decode_args_of(const PrefillArgs& a) {
+  DecodeArgs d;
+  d.q = a.q;
+  d.q_type = a.q_type;
+  d.q_heads = a.q_heads;
+  d.q_token_stride = a.q_token_stride;
+  d.batch = a.batch;
+  d.layer = a.layer;
+  d.softmax_scale = a.softmax_scale;
+  d.k_global_scale = a.k_global_scale;
+  d.v_global_scale = a.v_global_scale;
+  d.window = a.window;
+  d.softcap = a.softcap;
+  d.sinks = a.sinks;
+  d.out = a.out;
+  d.lse = a.lse;
+  d.status = a.status;
+  return d;
+}
+
+std::string prefill_problem(const ValidLayout& layout, const CacheBuffers& buffers, const PrefillArgs& a) {
+  if (std::string p = attention_problem(layout, buffers, a.layer, a.k_global_scale, a.v_global_scale, a.batch,
+                                        {a.q_heads, a.q_token_stride, a.softmax_scale, a.window, a.softcap});
+      !p.empty())
+    return p;
+  if (a.max_q_len < 0 || a.max_q_len > INT32_MAX)
+    return "max_q_len must be in [0, 2^31), got " + std::to_string(a.max_q_len);
+  if (a.batch.batch == 0) return "";
+  if (!a.cu_seqlens_q) return "cu_seqlens_q (batch + 1 query row offsets) is required";
+  if (a.max_q_len > 0 && !a.q) return "the query is required";
   return "";
 }
 

@@ -10,6 +10,7 @@
 #include "nvfp4kv/harness/workload.hpp"
 #include "nvfp4kv/reference/attention.hpp"
 #include "nvfp4kv/reference/cache.hpp"
+#include "timing.hpp"
 
 namespace nvfp4kv::harness {
 namespace {
@@ -33,29 +34,6 @@ __global__ void fill_random(uint8_t* p, size_t n, uint64_t seed) {
     x ^= x >> 29;
     p[i] = uint8_t(x) & 0x77u;
   }
-}
-
-template <typename F>
-float median_ms(F&& launch, int reps, cudaStream_t stream = nullptr) {
-  cudaEvent_t a, b;
-  NVFP4KV_CUDA_CHECK(cudaEventCreate(&a));
-  NVFP4KV_CUDA_CHECK(cudaEventCreate(&b));
-  launch();
-  NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    NVFP4KV_CUDA_CHECK(cudaEventRecord(a, stream));
-    launch();
-    NVFP4KV_CUDA_CHECK(cudaEventRecord(b, stream));
-    NVFP4KV_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    NVFP4KV_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 void require(const Result& r) {
@@ -120,6 +98,11 @@ double check_small(const DecodeBenchShape& s) {
 }
 
 }  // namespace
+
+void fill_random_device_bytes(void* p, size_t n, uint64_t seed) {
+  fill_random<<<4096, 256>>>(static_cast<uint8_t*>(p), n, seed);
+  NVFP4KV_CUDA_CHECK(cudaGetLastError());
+}
 
 double read_ceiling_tbs() {
   const size_t bytes = size_t(2) << 30;

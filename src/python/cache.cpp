@@ -9,6 +9,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <tuple>
+#include <utility>
+
 #include <cstring>
 #include <map>
 #include <memory>
@@ -26,6 +29,7 @@
 #include <cuda_runtime_api.h>
 
 #include "nvfp4kv/api/decode.hpp"
+#include "nvfp4kv/api/prefill.hpp"
 #include "nvfp4kv/api/kv_cache.hpp"
 #endif
 
@@ -319,24 +323,118 @@ class Cache {
     DeviceGuard on(place_);
     const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     const size_t need = workspace_bytes(batch, q_heads, a.batch.block_table_stride);
-    if (workspace_array) {
-      const ArrayFacts w(*workspace_array);
-      require_place(w, "workspace", place_);
-      require_contiguous(w, "workspace");
-      require_aligned(w.data, "workspace", 256);
-      if (w.nbytes < need)
-        fail("workspace", "this shape needs " + std::to_string(need) + " bytes (Cache.decode_workspace_bytes), got " +
-                              std::to_string(w.nbytes));
-      a.workspace = workspace_array->data();
-      a.workspace_bytes = w.nbytes;
-    } else if (need > 0) {
-      a.workspace = own_workspace(need, s);
-      a.workspace_bytes = need;
-    }
+    std::tie(a.workspace, a.workspace_bytes) = workspace_for(workspace_array, need, s, "decode_workspace_bytes");
     run([&](const CacheBuffers& b, uintptr_t) { raise_for(nvfp4kv::decode_attention(layout_, b, a, s)); }, layer, stream);
 #else
     (void)stream;
     (void)workspace_array;
+#endif
+  }
+
+  // Attention for one forward's batch of any q lengths (core/ops.hpp PrefillArgs):
+  // sequence s's new tokens are rows cu_seqlens_q[s] .. of q and out; q_lens is
+  // the host's copy of their lengths (the GPU routes q length 1 runs to decode).
+  void attention(const Array& q_array, const Array& cu_q_array, const std::vector<int32_t>& q_lens,
+                 const Array& block_table_array, std::optional<Array> seq_lens_array,
+                 std::optional<Array> cu_seqlens_array, int64_t layer, const OutArray& out_array, float softmax_scale,
+                 int64_t window, float softcap, std::optional<Array> sinks_array, std::optional<OutArray> lse_array,
+                 std::optional<OutArray> workspace_array, uintptr_t stream) {
+    const CacheDims& d = layout_.layout().dims;
+    require_layer(layer);
+    const ArrayFacts q(q_array), out(out_array);
+    require_place(q, "q", place_);
+    require_dtype(q, "q", row_types());
+    require_ndim(q, "q", {-1, -1, d.head_dim});
+    const int64_t rows = q.shape[0], q_heads = q.shape[1];
+    const int64_t q_stride = require_rows(q, "q", q_heads, d.head_dim);
+    const int64_t batch = require_block_table(ArrayFacts(block_table_array));
+    if (int64_t(q_lens.size()) != batch)
+      fail("q_lens", "expected " + std::to_string(batch) + " lengths (one per block-table row), got " +
+                         std::to_string(q_lens.size()));
+    int64_t total = 0, longest = 0;
+    for (int32_t n : q_lens) {
+      if (n < 0) fail("q_lens", "lengths must be >= 0, got " + std::to_string(n));
+      total += n, longest = std::max<int64_t>(longest, n);
+    }
+    if (total != rows) fail("q", "expected " + std::to_string(total) + " rows (the sum of q_lens), got " + std::to_string(rows));
+    require_dense(ArrayFacts(cu_q_array), "cu_seqlens_q", place_, {DType::kInt32}, {batch + 1});
+    if (bool(seq_lens_array) == bool(cu_seqlens_array))
+      fail("seq_lens", "give the kv lengths as seq_lens (batch,) or as cu_seqlens (batch + 1,), exactly one");
+    const ArrayFacts lens(seq_lens_array ? *seq_lens_array : *cu_seqlens_array);
+    require_dense(lens, seq_lens_array ? "seq_lens" : "cu_seqlens", place_, {DType::kInt32},
+                  {seq_lens_array ? batch : batch + 1});
+    require_dense(out, "out", place_, {dtype_of(q.dtype)}, {rows, q_heads, d.head_dim});
+    if (place_.cuda) {
+      require_aligned(q.data, "q", 16);
+      require_aligned(out.data, "out", 16);
+      if (rows > 1 && q_stride % 8 != 0)
+        fail("q", "the row stride must be a multiple of 8 elements, got " + std::to_string(q_stride));
+    }
+    PrefillArgs a;
+    a.q = q.data;
+    a.q_type = element_type(dtype_of(q.dtype));
+    a.q_heads = q_heads;
+    a.q_token_stride = q_stride;
+    a.cu_seqlens_q = static_cast<const int32_t*>(cu_q_array.data());
+    a.max_q_len = longest;
+    a.batch.block_table = static_cast<const int32_t*>(block_table_array.data());
+    a.batch.block_table_stride = batch ? int64_t(block_table_array.shape(1)) : 1;
+    (seq_lens_array ? a.batch.seq_lens : a.batch.cu_seqlens) = static_cast<const int32_t*>(lens.data);
+    a.batch.batch = batch;
+    a.layer = layer;
+    a.softmax_scale = softmax_scale;
+    a.k_global_scale = scales_ + 2 * layer;
+    a.v_global_scale = scales_ + 2 * layer + 1;
+    a.window = window;
+    a.softcap = softcap;
+    if (sinks_array) {
+      const ArrayFacts s(*sinks_array);
+      require_dense(s, "sinks", place_, {DType::kFloat32}, {q_heads});
+      a.sinks = static_cast<const float*>(s.data);
+    }
+    a.out = out_array.data();
+    if (lse_array) {
+      const ArrayFacts l(*lse_array);
+      require_dense(l, "lse", place_, {DType::kFloat32}, {rows, q_heads});
+      a.lse = static_cast<float*>(lse_array->data());
+    }
+    a.status = status_;
+    if (!place_.cuda) {
+      for (int64_t i = 0; i < batch; ++i)  // host memory: the promise the GPU path cannot check
+        if (a.cu_seqlens_q[i + 1] - a.cu_seqlens_q[i] != q_lens[size_t(i)])
+          fail("q_lens", "sequence " + std::to_string(i) + ": q_lens says " + std::to_string(q_lens[size_t(i)]) +
+                             ", cu_seqlens_q " + std::to_string(a.cu_seqlens_q[i + 1] - a.cu_seqlens_q[i]));
+      run([&](const CacheBuffers& b, uintptr_t) {
+        const reference::PrefillResult r = reference::prefill_attention(layout_, b, a);
+        write_on_host(r.out, r.lse, a.q_type, a.out, a.lse);
+      }, layer, 0);
+      return;
+    }
+#if NVFP4KV_HAVE_CUDA
+    DeviceGuard on(place_);
+    const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+    size_t need = 0;
+    raise_for(mixed_workspace_bytes(layout_, q_lens.data(), batch, q_heads, a.batch.block_table_stride, &need));
+    MixedBatch m{.args = a, .q_lens = q_lens.data()};
+    std::tie(m.workspace, m.workspace_bytes) = workspace_for(workspace_array, need, s, "attention_workspace_bytes");
+    run([&](const CacheBuffers& b, uintptr_t) { raise_for(nvfp4kv::mixed_attention(layout_, b, m, s)); }, layer, stream);
+#else
+    (void)stream;
+    (void)workspace_array;
+#endif
+  }
+
+  // Workspace bytes a GPU attention call over these q lengths needs (its decode runs').
+  size_t attention_workspace_bytes(const std::vector<int32_t>& q_lens, int64_t q_heads, int64_t block_table_stride) {
+#if NVFP4KV_HAVE_CUDA
+    if (!place_.cuda) return 0;
+    DeviceGuard on(place_);
+    size_t need = 0;
+    raise_for(mixed_workspace_bytes(layout_, q_lens.data(), int64_t(q_lens.size()), q_heads, block_table_stride, &need));
+    return need;
+#else
+    (void)q_lens, (void)q_heads, (void)block_table_stride;
+    return 0;
 #endif
   }
 
@@ -465,21 +563,42 @@ class Cache {
   }
 
   // The reference's fp64 results in the query's type (and lse in fp32).
-  void decode_on_host(const CacheBuffers& b, const DecodeArgs& a) {
-    const reference::DecodeResult r = reference::decode_attention(layout_, b, a);
-    for (size_t i = 0; i < r.out.size(); ++i) {
-      const float x = float(r.out[i]);
-      switch (a.q_type) {
-        case ElementType::kFloat32: static_cast<float*>(a.out)[i] = x; break;
-        case ElementType::kBFloat16: static_cast<uint16_t*>(a.out)[i] = float_to_bf16(x); break;
-        default: static_cast<uint16_t*>(a.out)[i] = float_to_fp16(x); break;
+  static void write_on_host(const std::vector<double>& values, const std::vector<double>& lse_values, ElementType type,
+                            void* out, float* lse) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      const float x = float(values[i]);
+      switch (type) {
+        case ElementType::kFloat32: static_cast<float*>(out)[i] = x; break;
+        case ElementType::kBFloat16: static_cast<uint16_t*>(out)[i] = float_to_bf16(x); break;
+        default: static_cast<uint16_t*>(out)[i] = float_to_fp16(x); break;
       }
     }
-    if (a.lse)
-      for (size_t i = 0; i < r.lse.size(); ++i) a.lse[i] = float(r.lse[i]);
+    if (lse)
+      for (size_t i = 0; i < lse_values.size(); ++i) lse[i] = float(lse_values[i]);
+  }
+  void decode_on_host(const CacheBuffers& b, const DecodeArgs& a) {
+    const reference::DecodeResult r = reference::decode_attention(layout_, b, a);
+    write_on_host(r.out, r.lse, a.q_type, a.out, a.lse);
   }
 
 #if NVFP4KV_HAVE_CUDA
+  // The caller's workspace (checked) or the cache's own, for a call that needs `need` bytes.
+  std::pair<void*, size_t> workspace_for(const std::optional<OutArray>& workspace_array, size_t need, cudaStream_t s,
+                                         const char* sizer) {
+    if (workspace_array) {
+      const ArrayFacts w(*workspace_array);
+      require_place(w, "workspace", place_);
+      require_contiguous(w, "workspace");
+      require_aligned(w.data, "workspace", 256);
+      if (w.nbytes < need)
+        fail("workspace", "this call needs " + std::to_string(need) + " bytes (Cache." + sizer + "), got " +
+                              std::to_string(w.nbytes));
+      return {workspace_array->data(), w.nbytes};
+    }
+    if (need == 0) return {nullptr, 0};
+    return {own_workspace(need, s), need};
+  }
+
   // The cache's own decode workspace, grown outside graph capture only. A grown
   // one never frees the old: a captured graph may still point at it.
   void* own_workspace(size_t bytes, cudaStream_t stream) {
@@ -487,9 +606,9 @@ class Cache {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     cuda_ok(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
     if (capturing != cudaStreamCaptureStatusNone)
-      throw ArgumentError("workspace: this decode shape needs " + std::to_string(bytes) +
+      throw ArgumentError("workspace: this call needs " + std::to_string(bytes) +
                           " bytes of workspace and the stream is being captured, where nothing may be allocated: "
-                          "run the same decode once before capture (warm-up), or pass workspace=");
+                          "run the same call once before capture (warm-up), or pass workspace=");
     workspaces_.push_back(std::make_unique<Allocation>(place_, bytes));
     workspace_size_ = bytes;
     return workspaces_.back()->get();
@@ -602,6 +721,11 @@ void bind_cache(nb::module_& m) {
       .def("decode", &Cache::decode, "q"_a, "block_table"_a, "seq_lens"_a, "cu_seqlens"_a, "layer"_a, "out"_a,
            "softmax_scale"_a, "window"_a, "softcap"_a, "sinks"_a, "lse"_a, "workspace"_a, "stream"_a)
       .def("decode_workspace_bytes", &Cache::workspace_bytes, "batch"_a, "q_heads"_a, "block_table_stride"_a)
+      .def("attention", &Cache::attention, "q"_a, "cu_seqlens_q"_a, "q_lens"_a, "block_table"_a, "seq_lens"_a,
+           "cu_seqlens"_a, "layer"_a, "out"_a, "softmax_scale"_a, "window"_a, "softcap"_a, "sinks"_a, "lse"_a,
+           "workspace"_a, "stream"_a)
+      .def("attention_workspace_bytes", &Cache::attention_workspace_bytes, "q_lens"_a, "q_heads"_a,
+           "block_table_stride"_a)
       .def("status", &Cache::status)
       .def("reset_status", &Cache::reset_status, "stream"_a)
       .def("set_global_scales", &Cache::set_global_scales, "k"_a, "v"_a)

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 namespace nvfp4kv::reference {
 
@@ -36,64 +37,136 @@ void attend(const double* q, int64_t q_heads, const double* k, const double* v, 
   }
 }
 
+namespace {
+
+// One sequence's tokens [first, length) dequantized to fp64 (length, kv heads, D)
+// (tokens before first stay 0), reading only its block table's entries that hold
+// them; a bad entry is counted (its tokens) and makes the result unusable.
+struct SequenceKv {
+  std::vector<double> k, v;
+  bool bad_page = false;
+};
+
+SequenceKv sequence_kv(const Layout& l, const CacheBuffers& buffers, const BatchDescriptor& batch, int64_t s,
+                       int64_t layer, int64_t first, int64_t length, float kgs, float vgs, DeviceStatus* status) {
+  const CacheDims& d = l.dims;
+  const int64_t dim = d.head_dim, row = d.heads * dim;
+  SequenceKv r;
+  r.k.assign(size_t(std::max<int64_t>(length, 1) * row), 0.0);
+  r.v.assign(r.k.size(), 0.0);
+  for (int64_t e0 = first / d.tokens_per_page; e0 * d.tokens_per_page < length; ++e0) {
+    const int64_t page = page_of(batch, s, e0, d.pages);
+    const int64_t tokens = std::min(d.tokens_per_page, length - e0 * d.tokens_per_page);
+    if (page < 0) {
+      if (status) status->bad_pages += (unsigned long long)tokens;
+      r.bad_page = true;
+      continue;
+    }
+    for (int64_t t = 0; t < tokens; ++t)
+      for (Side side : {Side::kK, Side::kV}) {
+        const SideRegions reg = side_regions(side);
+        std::vector<double>& dst = side == Side::kK ? r.k : r.v;
+        for (int64_t h = 0; h < d.heads; ++h)
+          for (int64_t e = 0; e < dim; ++e) {
+            const uint8_t byte = *element_address(l, buffers, reg.data, {layer, page, t, h, e / 2});
+            const uint8_t sf = *element_address(l, buffers, reg.scale, {layer, page, t, h, e / kBlockSize});
+            dst[size_t((e0 * d.tokens_per_page + t) * row + h * dim + e)] =
+                dequantize_element(byte, int(e % 2), sf, side == Side::kK ? kgs : vgs);
+          }
+      }
+  }
+  return r;
+}
+
+// One query row (q_heads, D), element `at` of q on, against the first `tokens`
+// tokens of kv; NaN everywhere when the sequence is poisoned.
+void attend_row(const void* q, ElementType type, int64_t at, int64_t q_heads, const SequenceKv& kv, int64_t tokens,
+                const CacheDims& d, const AttentionOptions& o, bool poisoned, double* out, double* lse) {
+  if (poisoned) {
+    std::fill(out, out + q_heads * d.head_dim, std::numeric_limits<double>::quiet_NaN());
+    std::fill(lse, lse + q_heads, std::numeric_limits<double>::quiet_NaN());
+    return;
+  }
+  std::vector<double> row(static_cast<size_t>(q_heads * d.head_dim));
+  for (size_t i = 0; i < row.size(); ++i) row[i] = element_to_float(q, at + int64_t(i), type);
+  attend(row.data(), q_heads, kv.k.data(), kv.v.data(), tokens, d.heads, d.head_dim, o, out, lse);
+}
+
+struct GlobalScales {
+  float k, v;
+  bool ok;
+};
+GlobalScales global_scales(const float* k, const float* v) {
+  return {*k, *v, global_scale_usable(*k) && global_scale_usable(*v)};
+}
+
+bool reference_type(ElementType t) {
+  return t == ElementType::kBFloat16 || t == ElementType::kFloat16 || t == ElementType::kFloat32;
+}
+
+}  // namespace
+
 DecodeResult decode_attention(const ValidLayout& valid, const CacheBuffers& buffers, const DecodeArgs& a) {
   if (std::string p = decode_problem(valid, buffers, a); !p.empty())
     throw ArgumentError("reference::decode_attention: " + p);
-  if (a.q_type != ElementType::kBFloat16 && a.q_type != ElementType::kFloat16 && a.q_type != ElementType::kFloat32)
-    throw ArgumentError("reference::decode_attention: unsupported query type");
-  const Layout& l = valid.layout();
-  const CacheDims& d = l.dims;
-  const int64_t dim = d.head_dim, row = d.heads * dim;
-  const int64_t q_stride = a.q_token_stride ? a.q_token_stride : a.q_heads * dim;
+  if (!reference_type(a.q_type)) throw ArgumentError("reference::decode_attention: unsupported query type");
+  const CacheDims& d = valid.layout().dims;
+  const int64_t q_stride = a.q_token_stride ? a.q_token_stride : a.q_heads * d.head_dim;
   DecodeResult r;
-  r.out.assign(size_t(a.batch.batch * a.q_heads * dim), 0.0);
+  r.out.assign(size_t(a.batch.batch * a.q_heads * d.head_dim), 0.0);
   r.lse.assign(size_t(a.batch.batch * a.q_heads), 0.0);
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  const float kgs = *a.k_global_scale, vgs = *a.v_global_scale;
-  const bool scales_ok = global_scale_usable(kgs) && global_scale_usable(vgs);
-  AttentionOptions o{a.softmax_scale, a.window, a.softcap, a.sinks};
+  const GlobalScales gs = global_scales(a.k_global_scale, a.v_global_scale);
   for (int64_t s = 0; s < a.batch.batch; ++s) {
     const SequenceLength len = sequence_length(a.batch, s, d.tokens_per_page);
-    const auto count = [&](unsigned long long DeviceStatus::*field, unsigned long long n) {
-      if (a.status) a.status->*field += n;
-    };
-    if (len.bad) count(&DeviceStatus::bad_lengths, 1);
-    if (!scales_ok) count(&DeviceStatus::bad_global_scale, (unsigned long long)len.tokens);
-    bool poisoned = len.bad || !scales_ok;
-    std::vector<double> k(size_t(std::max<int64_t>(len.tokens, 1) * row)), v(k.size());
+    if (a.status && len.bad) a.status->bad_lengths += 1;
+    if (a.status && !gs.ok) a.status->bad_global_scale += (unsigned long long)len.tokens;
+    bool poisoned = len.bad || !gs.ok;
     const int64_t first = a.window > 0 ? std::max<int64_t>(0, len.tokens - a.window) : 0;
-    if (!poisoned)
-      for (int64_t e0 = first / d.tokens_per_page; e0 * d.tokens_per_page < len.tokens; ++e0) {
-        const int64_t page = page_of(a.batch, s, e0, d.pages);
-        const int64_t tokens = std::min(d.tokens_per_page, len.tokens - e0 * d.tokens_per_page);
-        if (page < 0) {
-          count(&DeviceStatus::bad_pages, (unsigned long long)tokens);
-          poisoned = true;
-          continue;
-        }
-        for (int64_t t = 0; t < tokens; ++t)
-          for (Side side : {Side::kK, Side::kV}) {
-            const SideRegions reg = side_regions(side);
-            std::vector<double>& dst = side == Side::kK ? k : v;
-            for (int64_t h = 0; h < d.heads; ++h)
-              for (int64_t e = 0; e < dim; ++e) {
-                const uint8_t byte = *element_address(l, buffers, reg.data, {a.layer, page, t, h, e / 2});
-                const uint8_t sf = *element_address(l, buffers, reg.scale, {a.layer, page, t, h, e / kBlockSize});
-                dst[size_t((e0 * d.tokens_per_page + t) * row + h * dim + e)] =
-                    dequantize_element(byte, int(e % 2), sf, *a.global_scale(side));
-              }
-          }
-      }
-    double* out = r.out.data() + s * a.q_heads * dim;
-    double* lse = r.lse.data() + s * a.q_heads;
-    if (poisoned) {
-      std::fill(out, out + a.q_heads * dim, nan);
-      std::fill(lse, lse + a.q_heads, nan);
-      continue;
+    SequenceKv kv;
+    if (!poisoned) {
+      kv = sequence_kv(valid.layout(), buffers, a.batch, s, a.layer, first, len.tokens, gs.k, gs.v, a.status);
+      poisoned = kv.bad_page;
     }
-    std::vector<double> q(size_t(a.q_heads * dim));
-    for (int64_t i = 0; i < a.q_heads * dim; ++i) q[size_t(i)] = element_to_float(a.q, s * q_stride + i, a.q_type);
-    attend(q.data(), a.q_heads, k.data(), v.data(), len.tokens, d.heads, dim, o, out, lse);
+    attend_row(a.q, a.q_type, s * q_stride, a.q_heads, kv, len.tokens, d, {a.softmax_scale, a.window, a.softcap, a.sinks},
+               poisoned, r.out.data() + s * a.q_heads * d.head_dim, r.lse.data() + s * a.q_heads);
+  }
+  return r;
+}
+
+PrefillResult prefill_attention(const ValidLayout& valid, const CacheBuffers& buffers, const PrefillArgs& a) {
+  if (std::string p = prefill_problem(valid, buffers, a); !p.empty())
+    throw ArgumentError("reference::prefill_attention: " + p);
+  if (!reference_type(a.q_type)) throw ArgumentError("reference::prefill_attention: unsupported query type");
+  const CacheDims& d = valid.layout().dims;
+  const int64_t q_stride = a.q_token_stride ? a.q_token_stride : a.q_heads * d.head_dim;
+  int64_t rows = 0;
+  for (int64_t s = 0; s <= a.batch.batch && a.batch.batch > 0; ++s) rows = std::max<int64_t>(rows, a.cu_seqlens_q[s]);
+  PrefillResult r;
+  r.out.assign(size_t(rows * a.q_heads * d.head_dim), 0.0);
+  r.lse.assign(size_t(rows * a.q_heads), 0.0);
+  const GlobalScales gs = global_scales(a.k_global_scale, a.v_global_scale);
+  for (int64_t s = 0; s < a.batch.batch; ++s) {
+    const SequenceLength len = sequence_length(a.batch, s, d.tokens_per_page);
+    const int64_t q_len = a.raw_q_length(s);
+    const bool bad_q = q_len < 0 || q_len > a.max_q_len || (!len.bad && q_len > len.tokens);
+    if (a.status && (len.bad || bad_q)) a.status->bad_lengths += 1;
+    if (q_len <= 0) continue;  // nothing to compute, nothing read
+    if (a.status && !gs.ok) a.status->bad_global_scale += (unsigned long long)len.tokens;
+    bool poisoned = len.bad || bad_q || !gs.ok;
+    SequenceKv kv;
+    if (!poisoned) {
+      kv = sequence_kv(valid.layout(), buffers, a.batch, s, a.layer, prefill_first_token(q_len, len.tokens, a.window),
+                       len.tokens, gs.k, gs.v, a.status);
+      poisoned = kv.bad_page;
+    }
+    // Query i at position p = kv_len - q_len + i: the sequence's first p + 1
+    // tokens (attend's window counts back from the last of them).
+    for (int64_t i = 0; i < q_len; ++i) {
+      const int64_t row = a.cu_seqlens_q[s] + i;
+      attend_row(a.q, a.q_type, row * q_stride, a.q_heads, kv, len.tokens - q_len + i + 1, d,
+                 {a.softmax_scale, a.window, a.softcap, a.sinks}, poisoned, r.out.data() + row * a.q_heads * d.head_dim,
+                 r.lse.data() + row * a.q_heads);
+    }
   }
   return r;
 }

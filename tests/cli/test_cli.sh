@@ -191,7 +191,7 @@ for opt in layers kv-heads head-dim tokens-per-page memory pages tp-size tp-rank
   expect 0 "^  --$opt( |$)" "$bin" layout plan --help
 done
 for opt in layers pages heads head-dim tokens-per-page examples json; do expect 0 "^  --$opt " "$bin" layout compare --help; done
-for cmd in "layout presets" "layout show" "layout check" "roundtrip" "demo" "bench decode" "conformance gen" \
+for cmd in "layout presets" "layout show" "layout check" "roundtrip" "demo" "bench decode" "bench prefill" "conformance gen" \
            "conformance check-write" "conformance check-read"; do
   expect 0 "usage: nvfp4kv $cmd" "$bin" $cmd --help
 done
@@ -240,6 +240,7 @@ expect_json 1 "$bin" roundtrip --layout vllm-packed-nhd-writer --cpu-only --toke
 # Without a GPU the message says there is none (or that this build has no CUDA), and bench exits 3.
 if ! nvidia-smi -L >/dev/null 2>&1; then
   expect 3 "no CUDA GPU on this machine|built without CUDA" "$bin" bench decode --batch 1 --context 64
+  expect 3 "no CUDA GPU on this machine|built without CUDA" "$bin" bench prefill --batch 1 --prompt 64 --cached 0,32
   expect 0 "not run: (no CUDA GPU on this machine|nvfp4kv was built without CUDA)" "$bin" roundtrip --layout nvfp4kv-native --tokens 64
 fi
 # Progress on stderr once work takes more than two seconds.

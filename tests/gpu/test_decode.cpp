@@ -19,18 +19,14 @@
 #include "nvfp4kv/harness/workload.hpp"
 #include "nvfp4kv/reference/attention.hpp"
 #include "nvfp4kv/reference/cache.hpp"
+#include "attention_check.hpp"
 
 namespace nvfp4kv {
 namespace {
 
 using harness::DeviceBuffer;
 
-template <typename... T>
-std::string cat(const T&... parts) {
-  std::ostringstream s;
-  (s << ... << parts);
-  return s.str();
-}
+using testing::cat;
 
 class GpuDecode : public ::testing::Test {
  protected:
@@ -56,9 +52,7 @@ struct Case {
   int64_t stride = 0;  // block-table entries per sequence (0: enough for the longest)
 };
 
-struct Outcome {
-  double rel_l2 = 0, max_abs = 0, lse_max_abs = 0;
-  int64_t unwritten = 0, nan_mismatch = 0;
+struct Outcome : testing::Comparison {
   DeviceStatus gpu, cpu;
   DecodePlan plan;
 };
@@ -143,31 +137,8 @@ Outcome run_case(const Case& k, Mutate mutate) {
   NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
   const auto got = out.download();
   const auto got_lse = lse.download();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const float x = k.type == ElementType::kBFloat16 ? bf16_to_float(got[i]) : fp16_to_float(got[i]);
-    const double w = want.out[i];
-    if (std::isnan(w) || std::isnan(x)) {
-      o.nan_mismatch += std::isnan(w) != std::isnan(x);
-      continue;
-    }
-    o.unwritten += got[i] == 0xFFFF;
-    num += (x - w) * (x - w);
-    den += w * w;
-    o.max_abs = std::max(o.max_abs, std::fabs(x - w));
-  }
-  o.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  if (k.lse)
-    for (size_t i = 0; i < got_lse.size(); ++i) {
-      const double w = want.lse[i];
-      if (std::isnan(w) || std::isnan(got_lse[i])) {
-        o.nan_mismatch += std::isnan(w) != std::isnan(got_lse[i]);
-      } else if (std::isinf(w) || std::isinf(got_lse[i])) {
-        o.nan_mismatch += w != double(got_lse[i]);
-      } else {
-        o.lse_max_abs = std::max(o.lse_max_abs, std::fabs(double(got_lse[i]) - w));
-      }
-    }
+  static_cast<testing::Comparison&>(o) = testing::compare_attention(got, want.out, got.size(), d.head_dim, k.type,
+                                                                     k.lse ? &got_lse : nullptr, want.lse, got_lse.size());
   o.gpu = dstatus.download()[0];
   return o;
 }

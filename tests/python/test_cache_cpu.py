@@ -58,6 +58,41 @@ def test_store_gather_decode_agree_with_the_dense_reference(cache):
     np.testing.assert_allclose(out[0], attention(q[0], k_ref[24:], v_ref[24:], 1 / 8), atol=1e-4)
 
 
+def test_attention_of_a_mixed_batch_is_causal_and_decode_for_one_token(cache):
+    k, v = rows(40, 1), rows(40, 2)
+    pages = [5, 2, 7]
+    slots = np.array([pages[t // 16] * 16 + t % 16 for t in range(40)], np.int64)
+    cache.store(k, v, slots, 1)
+    gs = cache.global_scales
+    k_ref = reference.dequantize(*reference.quantize(k, gs[1, 0]), gs[1, 0])
+    v_ref = reference.dequantize(*reference.quantize(v, gs[1, 1]), gs[1, 1])
+    # sequence 0: one new token of 40 (a decode); 1: six new tokens of 30 (an extend); 2: none
+    table = np.array([pages, pages, pages], np.int32)
+    q_lens, lens = [1, 6, 0], np.array([40, 30, 12], np.int32)
+    cu_q = np.array([0, 1, 7, 7], np.int32)
+    q = rows(7, 3, heads=4)
+    out, lse = np.full_like(q, np.nan), np.full((7, 4), np.nan, np.float32)
+    cache.attention(q, cu_q, q_lens, table, lens, 1, out, lse=lse)
+    decoded = np.full_like(q[:1], np.nan)
+    cache.decode(q[:1], table[:1], lens[:1], 1, decoded)
+    np.testing.assert_array_equal(out[0], decoded[0])
+    for i in range(6):  # query i at position 30 - 6 + i sees tokens 0 .. 24 + i
+        expect = attention(q[1 + i], k_ref[:25 + i], v_ref[:25 + i], 1 / 8)
+        np.testing.assert_allclose(out[1 + i], expect, rtol=0, atol=1e-5 * np.abs(expect).max())
+    assert np.all(np.isfinite(lse))
+    with pytest.raises(nvfp4kv.ArgumentError, match="q_lens: sequence 1"):
+        cache.attention(q, cu_q, [1, 5, 1], table, lens, 1, out)
+    with pytest.raises(nvfp4kv.ArgumentError, match="q: expected 8 rows"):
+        cache.attention(q, cu_q, [1, 6, 1], table, lens, 1, out)
+    with pytest.raises(nvfp4kv.ArgumentError, match="q_lens: expected 3 lengths"):
+        cache.attention(q, cu_q, [1, 6], table, lens, 1, out)
+    # more new tokens than tokens: counted as a bad length, the rows NaN
+    cache.reset_status()
+    cache.attention(q, cu_q, q_lens, table, np.array([40, 5, 12], np.int32), 1, out)
+    assert cache.status()["bad_lengths"] == 1
+    assert np.isnan(out[1:7]).all() and np.isfinite(out[0]).all()
+
+
 def test_bad_entries_are_counted_not_read(cache):
     k, v = rows(3, 4), rows(3, 5)
     cache.store(k, v, np.array([-1, 8 * 16, 3], np.int32), 0)

@@ -1,7 +1,7 @@
 """The GPU through the Python front end, with PyTorch tensors (and CuPy and
 JAX where installed): stores and gathers bit-exact with the CPU reference on
-the same front end, decode attention within the bounds tests/gpu/test_decode.cpp
-measured against the fp64 reference, PyTorch's current stream, CUDA graphs, and
+the same front end, decode attention and mixed-batch attention within the bounds
+tests/gpu/test_decode.cpp measured against the fp64 reference, PyTorch's current stream, CUDA graphs, and
 the argument checks that run before any launch. Skipped without a GPU."""
 import os
 
@@ -102,6 +102,41 @@ def test_decode_matches_the_fp64_reference(torch, dtype):
     rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     assert rel < REL_L2_BOUND[dtype], rel
     np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_attention_of_a_mixed_batch_matches_the_fp64_reference(torch, dtype):
+    """Cache.attention: q lengths 1 (decode), 5 (an extend), 0 and 64 (= its kv length) in one call."""
+    gpu, cpu = twins(torch, "nvfp4kv-native")
+    lengths, q_lens = [37, 200, 1, 64], [1, 5, 0, 64]
+    pages = torch.randperm(64, device="cuda").to(torch.int32)
+    table = torch.zeros(4, 13, dtype=torch.int32, device="cuda")
+    slots, used = [], 0
+    for b, n in enumerate(lengths):
+        need = (n + 15) // 16
+        table[b, :need] = pages[used:used + need]
+        used += need
+        slots.append((table[b, torch.arange(n, device="cuda") // 16].long() * 16 + torch.arange(n, device="cuda") % 16))
+    slots = torch.cat(slots)
+    k, v = kv_rows(torch, slots.numel(), getattr(torch, dtype))
+    gpu.store(k, v, slots, 0)
+    cpu.store(k.cpu(), v.cpu(), slots.cpu(), 0)
+    rows = sum(q_lens)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = torch.randn(rows, 8, 128, device="cuda").to(getattr(torch, dtype))
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((rows, 8), float("nan"), device="cuda")
+    gpu.attention(q, torch.from_numpy(cu_q).cuda(), q_lens, table, seq_lens, 0, out, lse=lse, window=100)
+    ref = np.zeros((rows, 8, 128), np.float32)
+    ref_lse = np.zeros((rows, 8), np.float32)
+    cpu.attention(q.float().cpu().numpy(), cu_q, q_lens, table.cpu().numpy(), np.array(lengths, np.int32), 0, ref,
+                  lse=ref_lse, window=100)
+    got = out.float().cpu().numpy()
+    rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert rel < REL_L2_BOUND[dtype], rel
+    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=1e-3)
+    assert gpu.status()["bad_lengths"] == 0 and gpu.status()["bad_pages"] == 0
 
 
 def test_runs_on_pytorch_current_stream(torch):

@@ -87,6 +87,53 @@ struct DecodeArgs {
   NVFP4KV_HD const float* global_scale(Side s) const { return s == Side::kK ? k_global_scale : v_global_scale; }
 };
 
+// Paged prefill / extend attention: a varlen batch of new query tokens per
+// sequence against that sequence's pages, causally. Sequence s has q_len =
+// cu_seqlens_q[s + 1] - cu_seqlens_q[s] new tokens (rows cu_seqlens_q[s] .. of q
+// and out) and kv_len tokens in its pages (batch: block table and lengths, the
+// new tokens included: they are stored first). Its query i sits at position
+// p = kv_len - q_len + i and attends to the tokens t <= p (t > p - window when
+// window > 0): out[row, h] = sum_t p_t V[t, kv(h)], p = softmax over those tokens
+// (and the sink logit) of softcap(softmax_scale * Q[row, h] . K[t, kv(h)]). With
+// q_len 1 this is DecodeArgs' operation; the LSE follows the same convention, so
+// partial results merge as decode's splits do.
+struct PrefillArgs {
+  const void* q = nullptr;        // (rows, q_heads, D) of q_type; rows q_token_stride elements apart
+  ElementType q_type = ElementType::kBFloat16;  // bf16 or fp16; the output has the same type
+  int64_t q_heads = 0;            // a multiple of the layout's kv heads, at most 16 per kv head
+  int64_t q_token_stride = 0;     // elements between query rows (0: q_heads * D)
+  const int32_t* cu_seqlens_q = nullptr;  // (batch + 1) row offsets of each sequence's new tokens
+  int64_t max_q_len = 0;          // >= every q_len (host-known: it sizes the launch; a longer
+                                  // sequence is counted as a bad length and its rows are NaN)
+  BatchDescriptor batch;          // block tables and kv lengths (lengths or offsets form)
+  int64_t layer = 0;
+  float softmax_scale = 0;        // e.g. 1 / sqrt(D); > 0
+  const float* k_global_scale = nullptr;  // dequant multipliers; device memory for the GPU
+  const float* v_global_scale = nullptr;
+  int64_t window = 0;             // > 0: query at p attends to (p - window, p] only
+  float softcap = 0;              // > 0: logits become softcap * tanh(logits / softcap)
+  const float* sinks = nullptr;   // optional (q_heads): a logit per head in the denominator only
+  void* out = nullptr;            // (rows, q_heads, D) of q_type, contiguous
+  float* lse = nullptr;           // optional (rows, q_heads): natural log of the softmax denominator
+  DeviceStatus* status = nullptr; // optional counters (bad pages, bad lengths, bad global scales)
+
+  NVFP4KV_HD const float* global_scale(Side s) const { return s == Side::kK ? k_global_scale : v_global_scale; }
+  // Raw q length of sequence s (may be negative or above max_q_len: the kernels count it).
+  NVFP4KV_HD int64_t raw_q_length(int64_t s) const { return int64_t(cu_seqlens_q[s + 1]) - int64_t(cu_seqlens_q[s]); }
+};
+
+// Decode's arguments for the same batch, options and outputs when every q length
+// is 1 (the mixed-batch call routes such runs to decode; the reference tests
+// compare the two definitions): q rows are taken as the batch's rows.
+DecodeArgs decode_args_of(const PrefillArgs& a);
+
+// The tokens sequence s's queries read: [first, kv_len) where the first query's
+// window starts (0 without a window). q_len and kv_len as used, 0 <= q_len <= kv_len.
+NVFP4KV_HD int64_t prefill_first_token(int64_t q_len, int64_t kv_len, int64_t window) {
+  const int64_t first_position = kv_len - q_len;
+  return window > 0 ? (first_position - window + 1 > 0 ? first_position - window + 1 : 0) : 0;
+}
+
 // Why the arguments cannot be used with this layout ("" when they can), by the
 // rules the GPU and the reference share; each names the argument. The GPU API
 // adds its own (alignment, supported element types).
@@ -94,5 +141,6 @@ std::string buffers_problem(const ValidLayout& layout, const CacheBuffers& buffe
 std::string store_problem(const ValidLayout& layout, const CacheBuffers& buffers, const StoreArgs& args);
 std::string gather_problem(const ValidLayout& layout, const CacheBuffers& buffers, const GatherArgs& args);
 std::string decode_problem(const ValidLayout& layout, const CacheBuffers& buffers, const DecodeArgs& args);
+std::string prefill_problem(const ValidLayout& layout, const CacheBuffers& buffers, const PrefillArgs& args);
 
 }  // namespace nvfp4kv

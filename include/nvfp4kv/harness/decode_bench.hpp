@@ -35,6 +35,10 @@ struct DecodeBenchResult {
 inline double decode_error_bound(ElementType output) { return output == ElementType::kBFloat16 ? 2.5e-3 : 3.5e-4; }
 inline constexpr double kDecodeLseBound = 5e-5;  // natural-log units; measured worst 2.9e-5
 
+// n random bytes at device pointer p, none of them a NaN E4M3 code (byte & 0x77):
+// a valid NVFP4 cache of any layout, made on the GPU (the prefill benchmark uses it too).
+void fill_random_device_bytes(void* p, size_t n, uint64_t seed);
+
 // Streaming read of 2 GiB with 16-byte loads: TB/s.
 double read_ceiling_tbs();
 

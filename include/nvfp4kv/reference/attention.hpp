@@ -1,6 +1,6 @@
 #pragma once
-// Attention in double precision: the oracle the GPU decode kernel is compared
-// with (on the same dequantized cache), and the dense baseline the accuracy
+// Attention in double precision: the oracle the GPU decode and prefill kernels
+// are compared with (on the same dequantized cache), and the dense baseline the accuracy
 // table compares NVFP4 against (on unquantized K/V).
 #include <vector>
 
@@ -31,5 +31,19 @@ struct DecodeResult {
 // Bad entries are handled as the GPU does: counted in args.status, and the
 // sequence's outputs are NaN.
 DecodeResult decode_attention(const ValidLayout& layout, const CacheBuffers& buffers, const DecodeArgs& args);
+
+struct PrefillResult {
+  std::vector<double> out;  // (rows, q_heads, D), rows = the largest cu_seqlens_q entry; rows of no sequence stay 0
+  std::vector<double> lse;  // (rows, q_heads)
+};
+
+// prefill_attention's definition on host pointers (PrefillArgs: q, cu_seqlens_q,
+// block table, kv lengths, global scales, sinks are read; out, lse are not used).
+// Handled as the GPU does: a kv length beyond the table, a q length < 0, above
+// max_q_len or above the kv length is a bad length (counted once); a bad
+// block-table entry among the tokens the sequence's queries read is counted
+// (its tokens); unusable global scales count the kv tokens of a sequence with
+// queries; any of these makes every query row of the sequence NaN.
+PrefillResult prefill_attention(const ValidLayout& layout, const CacheBuffers& buffers, const PrefillArgs& args);
 
 }  // namespace nvfp4kv::reference

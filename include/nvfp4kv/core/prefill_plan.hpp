@@ -1,0 +1,62 @@
+#pragma once
+// How a prefill / extend attention call runs, chosen on the host from its shape
+// (never from the lengths, which live on the device), and how a mixed batch is
+// routed: plain C++, tested on the CPU (tests/cpu/test_prefill_plan.cpp).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nvfp4kv/core/attention.hpp"
+#include "nvfp4kv/core/layout_view.hpp"
+#include "nvfp4kv/core/ops.hpp"
+
+namespace nvfp4kv {
+
+// The prefill kernel's fixed shape.
+namespace prefill_limits {
+constexpr int kWarps = 4;              // each warp owns 16 query rows
+constexpr int kRows = 16 * kWarps;     // query rows of a block: (token, head of the GQA group) pairs
+constexpr int kKvTile = 64;            // kv tokens dequantized and consumed per step
+constexpr int kPad = 8;                // FP16 elements after each shared-memory row (bank spread)
+}  // namespace prefill_limits
+
+struct PrefillGeometry {
+  int head_dim = 0;         // the instance's D: 64, 128 or 256 (a smaller D is zero-padded up to it)
+  int group = 1;            // query heads per kv head
+  int tokens_per_tile = 0;  // query tokens of one block; its rows are tokens_per_tile * group <= kRows
+  int64_t q_tiles = 0;      // blocks per (sequence, kv head): enough for max_q_len, at least one
+  int kv_tile = 0;          // kv tokens per step
+  int smem_bytes = 0;       // dynamic shared memory of one block
+};
+
+// A block's shared memory, in the order the kernel carves it (each part a
+// multiple of 16 bytes): Q (kRows, D + kPad) FP16, K (kv_tile, D + kPad) FP16,
+// V^T (D, kv_tile + kPad) FP16, the rows' logit multipliers (kRows) float, and
+// 16 bytes of flags.
+NVFP4KV_HD constexpr size_t prefill_smem_bytes(int head_dim, int kv_tile) {
+  using namespace prefill_limits;
+  return size_t(kRows) * (head_dim + kPad) * 2 + size_t(kv_tile) * (head_dim + kPad) * 2 +
+         size_t(head_dim) * (kv_tile + kPad) * 2 + size_t(kRows) * 4 + 16;
+}
+
+// Fills *out from the layout and the call's shape (args: q_heads, max_q_len).
+// Returns "" or why this shape is unsupported.
+std::string plan_prefill_geometry(const LayoutView& layout, const PrefillArgs& args, int max_smem_per_block,
+                                  PrefillGeometry* out);
+
+// A mixed batch (q lengths 1 and others) as runs of consecutive sequences, each
+// one launch: q length 1 runs go to decode, the others (q length 0 included) to
+// prefill. first_row is the run's first query row (the prefix sum of q_lens).
+struct AttentionRun {
+  int64_t first = 0, count = 0;
+  bool decode = false;
+  int64_t first_row = 0;
+  int64_t max_q_len = 0;
+};
+
+// Runs of a batch from the host's q lengths (the scheduler's copy of
+// cu_seqlens_q's differences). "" or why they cannot be used (negative, too many rows).
+std::string plan_mixed_runs(const int32_t* q_lens, int64_t batch, std::vector<AttentionRun>* runs);
+
+}  // namespace nvfp4kv

@@ -1,0 +1,100 @@
+// Host API of prefill attention and of the mixed-batch call: core's argument
+// rules, the GPU's own, the geometry from the shape, then the launches.
+#include "nvfp4kv/api/prefill.hpp"
+
+#include <vector>
+
+#include "../kernels/common/arch.hpp"
+#include "../kernels/prefill/params.hpp"
+#include "launch_checks.hpp"
+#include "nvfp4kv/api/decode.hpp"
+#include "nvfp4kv/core/prefill_plan.hpp"
+
+namespace nvfp4kv {
+
+Result prefill_attention(const ValidLayout& layout, const CacheBuffers& buffers, const PrefillArgs& a,
+                         cudaStream_t stream) {
+  const char* who = "prefill_attention";
+  if (std::string p = prefill_problem(layout, buffers, a); !p.empty()) return api::invalid(who, p);
+  if (Result r = api::gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
+  if (a.q_type != ElementType::kBFloat16 && a.q_type != ElementType::kFloat16)
+    return api::invalid(who, std::string("the query must be bf16 or fp16, got ") + element_type_name(a.q_type));
+  if (a.batch.batch == 0) return {};
+  if (!a.out) return api::invalid(who, "the output (rows, q_heads, D) is required");
+  if (!api::aligned(a.q, 2)) return api::invalid(who, "the query must be 2-byte aligned");
+  if (!api::aligned(a.out, 16)) return api::invalid(who, "the output must be 16-byte aligned");
+  if (layout.layout().dims.heads > 65535) return {Status::kUnsupported, std::string(who) + ": more than 65535 kv heads"};
+  kernels::PrefillParams p{.layout = layout.view(), .cache = buffers, .args = a, .geometry = {}};
+  std::string unsupported;
+  if (Result r = api::from_cuda(kernels::plan_prefill_geometry(p, &unsupported), who); !r.ok()) return r;
+  if (!unsupported.empty()) return {Status::kUnsupported, std::string(who) + ": " + unsupported};
+  return api::from_cuda(kernels::launch_prefill(p, stream), who);
+}
+
+namespace {
+
+// Decode's arguments for a run of q length 1 sequences: their rows are
+// consecutive from the run's first row, so q, out and lse are read in place.
+DecodeArgs decode_run(const ValidLayout& layout, const MixedBatch& m, const AttentionRun& run) {
+  const PrefillArgs& a = m.args;
+  const int64_t dim = layout.layout().dims.head_dim;
+  const int64_t stride = a.q_token_stride ? a.q_token_stride : a.q_heads * dim;
+  DecodeArgs d = decode_args_of(a);
+  d.q = static_cast<const uint16_t*>(a.q) + run.first_row * stride;
+  d.q_token_stride = stride;
+  d.batch.block_table = a.batch.block_table + run.first * a.batch.block_table_stride;
+  if (a.batch.seq_lens) d.batch.seq_lens = a.batch.seq_lens + run.first;
+  if (a.batch.cu_seqlens) d.batch.cu_seqlens = a.batch.cu_seqlens + run.first;
+  d.batch.batch = run.count;
+  d.out = static_cast<uint16_t*>(a.out) + run.first_row * a.q_heads * dim;
+  d.lse = a.lse ? a.lse + run.first_row * a.q_heads : nullptr;
+  d.workspace = m.workspace;
+  d.workspace_bytes = m.workspace_bytes;
+  return d;
+}
+
+PrefillArgs prefill_run(const MixedBatch& m, const AttentionRun& run) {
+  PrefillArgs p = m.args;
+  p.cu_seqlens_q = m.args.cu_seqlens_q + run.first;  // absolute rows: q, out and lse stay as they are
+  p.max_q_len = run.max_q_len;
+  p.batch.block_table = m.args.batch.block_table + run.first * m.args.batch.block_table_stride;
+  if (p.batch.seq_lens) p.batch.seq_lens += run.first;
+  if (p.batch.cu_seqlens) p.batch.cu_seqlens += run.first;
+  p.batch.batch = run.count;
+  return p;
+}
+
+}  // namespace
+
+Result mixed_workspace_bytes(const ValidLayout& layout, const int32_t* q_lens, int64_t batch, int64_t q_heads,
+                             int64_t block_table_stride, size_t* bytes) {
+  std::vector<AttentionRun> runs;
+  if (std::string p = plan_mixed_runs(q_lens, batch, &runs); !p.empty()) return api::invalid("mixed_workspace_bytes", p);
+  *bytes = 0;
+  for (const AttentionRun& run : runs) {
+    if (!run.decode) continue;
+    DecodePlan plan;
+    if (Result r = plan_decode(layout, run.count, q_heads, block_table_stride, &plan); !r.ok()) return r;
+    *bytes = std::max(*bytes, plan.workspace_bytes);
+  }
+  return {};
+}
+
+Result mixed_attention(const ValidLayout& layout, const CacheBuffers& buffers, const MixedBatch& m, cudaStream_t stream) {
+  const char* who = "mixed_attention";
+  std::vector<AttentionRun> runs;
+  if (std::string p = plan_mixed_runs(m.q_lens, m.args.batch.batch, &runs); !p.empty()) return api::invalid(who, p);
+  PrefillArgs whole = m.args;
+  whole.max_q_len = 0;
+  for (const AttentionRun& run : runs) whole.max_q_len = std::max(whole.max_q_len, run.max_q_len);
+  // Every argument checked once for the whole batch before any launch.
+  if (std::string p = prefill_problem(layout, buffers, whole); !p.empty()) return api::invalid(who, p);
+  for (const AttentionRun& run : runs) {
+    const Result r = run.decode ? decode_attention(layout, buffers, decode_run(layout, m, run), stream)
+                                : prefill_attention(layout, buffers, prefill_run(m, run), stream);
+    if (!r.ok()) return r;
+  }
+  return {};
+}
+
+}  // namespace nvfp4kv

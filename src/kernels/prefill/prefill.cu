@@ -1,0 +1,378 @@
+// Paged prefill / extend attention over the NVFP4 cache (first version: mma.sync).
+//
+// A thread block owns (query tile, kv head, sequence): tokens_per_tile new tokens
+// of one sequence times the query heads of one GQA group, as up to 64 rows (row r:
+// token r / group, head r % group), so each dequantized K/V element serves every
+// head of the group. Four warps own 16 rows each. The block walks the kv tokens its
+// rows attend to in tiles of 64:
+//  - all threads dequantize the tile into shared memory, K as (token, D) and V as
+//    V^T (D, token), FP16 values e2m1 * 2^-14 * block scale (exact; the shared
+//    attention/dequant.cuh placement), reading each (page, head) row through the
+//    validated layout's tile map, so any layout the validator accepts is read;
+//    tokens outside the rows' range are zeros;
+//  - each warp computes S = Q K^T (m16n8k16: M = its 16 rows, N = 8 tokens, K = 16
+//    columns of D), masks (causal, window), runs the online softmax in base 2 and
+//    accumulates O += P V with P straight from the S accumulators as A fragments.
+// Global scales, the query's power-of-two prescale and the placement's 2^-14 fold
+// into one logit multiplier per row and one output multiplier.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "../attention/dequant.cuh"
+#include "../attention/epilogue.cuh"
+#include "../attention/mma.cuh"
+#include "../attention/options.cuh"
+#include "../attention/query.cuh"
+#include "../attention/softmax.cuh"
+#include "../common/device.cuh"
+#include "../common/dispatch.cuh"
+#include "params.hpp"
+
+namespace nvfp4kv::kernels {
+namespace prefill {
+
+using namespace attention;
+using prefill_limits::kKvTile, prefill_limits::kPad, prefill_limits::kRows, prefill_limits::kWarps;
+constexpr int kThreads = kWarps * 32;
+using Format = Nvfp4Fp16;
+
+// The block's shared memory, carved in prefill_smem_bytes' order.
+template <int kD>
+struct Smem {
+  static constexpr int kQStride = kD + kPad;       // halves between Q rows
+  static constexpr int kKStride = kD + kPad;       // halves between K rows (tokens)
+  static constexpr int kVStride = kKvTile + kPad;  // halves between V^T rows (columns of D)
+  __half* q;          // (kRows, kQStride) the rows' queries, prescaled
+  __half* k;          // (kKvTile, kKStride)
+  __half* vt;         // (kD, kVStride)
+  float* row_scale;   // (kRows) logit multiplier per row (base 2)
+  int* flags;         // [0]: a bad page among the sequence's tokens
+  __device__ static Smem carve(char* base) {
+    Smem s;
+    s.q = reinterpret_cast<__half*>(base);
+    s.k = s.q + kRows * kQStride;
+    s.vt = s.k + kKvTile * kKStride;
+    s.row_scale = reinterpret_cast<float*>(s.vt + kD * kVStride);
+    s.flags = reinterpret_cast<int*>(s.row_scale + kRows);
+    return s;
+  }
+};
+
+// What a block owns and the sequence it reads.
+struct Block {
+  int tid, warp, lane;
+  int64_t tile, kv_head, seq;
+  int64_t q_len, kv_len, row0;  // row0: the sequence's first query row
+  int64_t i0;                   // the block's first query token
+  int tokens;                   // its query tokens (<= tokens_per_tile)
+  int rows;                     // tokens * group
+};
+
+__device__ __forceinline__ uint32_t load_u32(const __half* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// 16 elements (group g of one token's row, one side) of page `page` into FP16
+// pairs in element order, each e2m1 * 2^-14 * block scale.
+__device__ __forceinline__ void dequant_group(const PrefillParams& p, Side side, int64_t page, int64_t token, int g,
+                                              int64_t kv_head, uint32_t (&out)[8]) {
+  const SideRegions reg = side_regions(side);
+  const TileMap td = p.layout.tile(reg.data, p.args.layer, page, kv_head);
+  const TileMap ts = p.layout.tile(reg.scale, p.args.layer, page, kv_head);
+  const uint8_t* const data = p.cache.ptr[p.layout.region(reg.data).buffer];
+  const uint8_t* const scale = p.cache.ptr[p.layout.region(reg.scale).buffer];
+  uint32_t w[2];
+  if (p.layout.vector_bytes(reg.data) >= 8 && td.column.is_plain() && td.column.stride == 1) {
+    const uint2 v = *reinterpret_cast<const uint2*>(data + td.offset(token, 8 * g));
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    for (int k = 0; k < 2; ++k) {
+      w[k] = 0;
+      for (int b = 0; b < 4; ++b) w[k] |= uint32_t(data[td.offset(token, 8 * g + 4 * k + b)]) << (8 * b);
+    }
+  }
+  const uint32_t sf = Format::scale_pair(scale[ts.offset(token, g)]);
+  for (int k = 0; k < 2; ++k) {
+    uint32_t r[4];  // pairs (0, 4), (1, 5), (2, 6), (3, 7) of the word's elements
+    Format::place(w[k], r);
+    out[4 * k + 0] = hmul2(__byte_perm(r[0], r[1], 0x5410), sf);  // elements 0, 1
+    out[4 * k + 1] = hmul2(__byte_perm(r[2], r[3], 0x5410), sf);  // 2, 3
+    out[4 * k + 2] = hmul2(__byte_perm(r[0], r[1], 0x7632), sf);  // 4, 5
+    out[4 * k + 3] = hmul2(__byte_perm(r[2], r[3], 0x7632), sf);  // 6, 7
+  }
+}
+
+// Tokens [kv0, kv0 + kKvTile) of the sequence into K and V^T; tokens outside
+// [lo, hi) become zeros (their probabilities are 0, and 0 * a stale value could be NaN).
+template <int kD>
+__device__ void load_kv_tile(const PrefillParams& p, const Smem<kD>& s, const Block& b, int64_t kv0, int64_t lo,
+                             int64_t hi) {
+  const int64_t n = p.layout.dims().tokens_per_page, dim = p.layout.dims().head_dim;
+  constexpr int kGroups = kD / 16;
+  for (int u = b.tid; u < kKvTile * 2 * kGroups; u += kThreads) {
+    const int j = u / (2 * kGroups), side = (u / kGroups) % 2, g = u % kGroups;
+    if (16 * g >= dim) continue;  // padded columns stay zero
+    const int64_t t = kv0 + j;
+    uint32_t v[8] = {};
+    if (t >= lo && t < hi) {
+      const int64_t page = page_of(p.args.batch, b.seq, t / n, p.layout.dims().pages);
+      dequant_group(p, side ? Side::kV : Side::kK, page, t % n, g, b.kv_head, v);
+    }
+    if (side == 0) {
+      uint4* to = reinterpret_cast<uint4*>(s.k + j * Smem<kD>::kKStride + 16 * g);
+      to[0] = make_uint4(v[0], v[1], v[2], v[3]);
+      to[1] = make_uint4(v[4], v[5], v[6], v[7]);
+    } else {
+      __half* to = s.vt + (16 * g) * Smem<kD>::kVStride + j;
+      for (int e = 0; e < 8; ++e) {
+        to[(2 * e) * Smem<kD>::kVStride] = __ushort_as_half(uint16_t(v[e] & 0xFFFFu));
+        to[(2 * e + 1) * Smem<kD>::kVStride] = __ushort_as_half(uint16_t(v[e] >> 16));
+      }
+    }
+  }
+}
+
+// The block's query rows, prescaled (attention/query.cuh), and their logit multipliers.
+template <int kD, ElementType kType>
+__device__ void load_query(const PrefillParams& p, const Smem<kD>& s, const Block& b, float k_global_scale) {
+  const PrefillArgs& a = p.args;
+  const int64_t dim = p.layout.dims().head_dim, group = p.geometry.group;
+  const int64_t stride = a.q_token_stride ? a.q_token_stride : a.q_heads * dim;
+  for (int r = b.warp; r < kRows; r += kWarps) {
+    const int64_t token = b.row0 + b.i0 + r / group, head = b.kv_head * group + r % group;
+    const uint16_t* const row = r < b.rows ? static_cast<const uint16_t*>(a.q) + token * stride + head * dim : nullptr;
+    const float scale = prescale_query_row<kD, kType, Format>(row, dim, b.lane, s.q + r * Smem<kD>::kQStride,
+                                                              a.softmax_scale * k_global_scale);
+    if (b.lane == 0) s.row_scale[r] = scale;
+  }
+}
+
+// One warp's 16 rows: the online-softmax state and O (16 x D as m16n8 tiles).
+template <int kD>
+struct WarpState {
+  float o[kD / 8][4];
+  float m[2], l[2];  // rows g and g + 8: running max, this lane's partial sum
+};
+
+template <int kD, bool kSoftcap>
+__device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, const Block& b, int64_t kv0,
+                          const int64_t (&pos)[2], const bool (&live)[2], const float (&rs)[2], WarpState<kD>& st) {
+  const int g = b.lane >> 2, c = b.lane & 3;
+  const int r0 = 16 * b.warp + g;
+  constexpr int kN = kKvTile / 8;  // n-tiles of 8 tokens
+  float acc[kN][4];
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    const __half* qa = s.q + r0 * Smem<kD>::kQStride + 16 * ks + 2 * c;
+    const uint32_t a0 = load_u32(qa), a1 = load_u32(qa + 8 * Smem<kD>::kQStride);
+    const uint32_t a2 = load_u32(qa + 8), a3 = load_u32(qa + 8 * Smem<kD>::kQStride + 8);
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt) {
+      const __half* kb = s.k + (8 * nt + g) * Smem<kD>::kKStride + 16 * ks + 2 * c;
+      mma_16816(acc[nt], a0, a1, a2, a3, load_u32(kb), load_u32(kb + 8));
+    }
+  }
+  // Logits in base 2, masked (causal and window), then the online softmax of rows g, g + 8.
+  const Logits<kSoftcap> logits = Logits<kSoftcap>::make(p.args.softcap);
+  const int64_t start[2] = {window_start(pos[0], p.args.window), window_start(pos[1], p.args.window)};
+  float mx[2] = {kNegInf, kNegInf};
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int h = k >> 1;
+      const int64_t t = kv0 + 8 * nt + 2 * c + (k & 1);
+      const bool ok = live[h] && t <= pos[h] && t >= start[h];
+      acc[nt][k] = ok ? logits(acc[nt][k] * rs[h]) : kNegInf;
+      mx[h] = fmaxf(mx[h], acc[nt][k]);
+    }
+  float alpha[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xFFFFFFFFu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xFFFFFFFFu, mx[h], 2));
+    const float m_new = fmaxf(st.m[h], mx[h]);
+    const Rebase rb = rebase(st.m[h], m_new);
+    alpha[h] = rb.alpha;
+    float sum = 0;
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt) {
+      acc[nt][2 * h] = fast_exp2(acc[nt][2 * h] - rb.m_use);
+      acc[nt][2 * h + 1] = fast_exp2(acc[nt][2 * h + 1] - rb.m_use);
+      sum += acc[nt][2 * h] + acc[nt][2 * h + 1];
+    }
+    st.l[h] = st.l[h] * alpha[h] + sum;
+    st.m[h] = m_new;
+  }
+#pragma unroll
+  for (int dn = 0; dn < kD / 8; ++dn) {
+    st.o[dn][0] *= alpha[0], st.o[dn][1] *= alpha[0];
+    st.o[dn][2] *= alpha[1], st.o[dn][3] *= alpha[1];
+  }
+  // O += P V: P's A fragments are the S accumulators of n-tiles 2kk and 2kk + 1.
+#pragma unroll
+  for (int kk = 0; kk < kKvTile / 16; ++kk) {
+    const uint32_t a0 = pack_half2(acc[2 * kk][0], acc[2 * kk][1]), a1 = pack_half2(acc[2 * kk][2], acc[2 * kk][3]);
+    const uint32_t a2 = pack_half2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    const uint32_t a3 = pack_half2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+#pragma unroll
+    for (int dn = 0; dn < kD / 8; ++dn) {
+      const __half* vb = s.vt + (8 * dn + g) * Smem<kD>::kVStride + 16 * kk + 2 * c;
+      mma_16816(st.o[dn], a0, a1, a2, a3, load_u32(vb), load_u32(vb + 8));
+    }
+  }
+}
+
+template <int kD, ElementType kType, bool kSoftcap>
+__device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) {
+  const PrefillArgs& a = p.args;
+  const CacheDims& d = p.layout.dims();
+  const int64_t n = d.tokens_per_page, group = p.geometry.group, dim = d.head_dim;
+  const Smem<kD> s = Smem<kD>::carve(smem_raw);
+  const SequenceLength len = sequence_length(a.batch, b.seq, n);
+  b.q_len = a.raw_q_length(b.seq);
+  b.kv_len = len.tokens;
+  b.row0 = a.cu_seqlens_q[b.seq];
+  const bool bad_q = b.q_len < 0 || b.q_len > a.max_q_len || (!len.bad && b.q_len > len.tokens);
+  const bool counter = b.tid == 0 && b.tile == 0 && b.kv_head == 0;
+  if (counter && a.status && (len.bad || bad_q)) atomicAdd(&a.status->bad_lengths, 1ull);
+  if (b.q_len <= 0) return;  // nothing to compute, nothing read
+  const float kgs = *a.k_global_scale, vgs = *a.v_global_scale;
+  const bool scales_ok = global_scale_usable(kgs) && global_scale_usable(vgs);
+  if (counter && a.status && !scales_ok) atomicAdd(&a.status->bad_global_scale, (unsigned long long)b.kv_len);
+  bool poisoned = len.bad || bad_q || !scales_ok;
+
+  // Every block checks the block-table entries of every token the sequence's
+  // queries read (a bad one poisons the whole sequence, as in the reference);
+  // the (tile 0, kv head 0) block counts them.
+  if (b.tid == 0) s.flags[0] = 0;
+  __syncthreads();
+  if (!poisoned) {
+    const int64_t first = prefill_first_token(b.q_len, b.kv_len, a.window);
+    for (int64_t e = first / n + b.tid; e * n < b.kv_len; e += kThreads)
+      if (page_of(a.batch, b.seq, e, d.pages) < 0) {
+        s.flags[0] = 1;
+        if (b.tile == 0 && b.kv_head == 0 && a.status)
+          atomicAdd(&a.status->bad_pages, (unsigned long long)min(n, b.kv_len - e * n));
+      }
+  }
+  __syncthreads();
+  poisoned = poisoned || s.flags[0] != 0;
+
+  const int tpt = p.geometry.tokens_per_tile;
+  if (poisoned) {  // every query row of the sequence NaN, this block's tiles of it (all of them past max_q_len too)
+    const uint16_t nan = to_half_bits<kType>(quiet_nan());
+    for (int64_t i = b.tile * tpt; i < b.q_len; i += int64_t(gridDim.x) * tpt)
+      for (int64_t u = b.tid; u < int64_t(tpt) * group * dim; u += kThreads) {
+        const int64_t token = i + u / (group * dim), head = b.kv_head * group + (u / dim) % group, col = u % dim;
+        if (token >= b.q_len) break;
+        static_cast<uint16_t*>(a.out)[((b.row0 + token) * a.q_heads + head) * dim + col] = nan;
+        if (a.lse && col == 0) a.lse[(b.row0 + token) * a.q_heads + head] = quiet_nan();
+      }
+    return;
+  }
+  b.i0 = b.tile * tpt;
+  if (b.i0 >= b.q_len) return;
+  b.tokens = int(min(int64_t(tpt), b.q_len - b.i0));
+  b.rows = b.tokens * int(group);
+
+  // Zero the tiles once: padded columns and rows are never written again.
+  for (int i = b.tid; i < int(prefill_smem_bytes(kD, kKvTile) - kRows * 4 - 16) / 16; i += kThreads)
+    reinterpret_cast<uint4*>(s.q)[i] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  load_query<kD, kType>(p, s, b, kgs);
+  __syncthreads();
+
+  // This lane's rows: 16 warp + g and + 8; a row's query position and multiplier.
+  const int g = b.lane >> 2, c = b.lane & 3;
+  int64_t pos[2];
+  bool live[2];
+  float rs[2];
+  for (int h = 0; h < 2; ++h) {
+    const int r = 16 * b.warp + g + 8 * h;
+    live[h] = r < b.rows;
+    pos[h] = b.kv_len - b.q_len + b.i0 + r / group;
+    rs[h] = s.row_scale[r];
+  }
+  const int64_t first_pos = b.kv_len - b.q_len + b.i0, last_pos = first_pos + b.tokens - 1;
+  const int warp_last_row = min(16 * b.warp + 15, b.rows - 1);
+  const int64_t warp_last_pos = first_pos + warp_last_row / group;  // the warp's rows see no token past it
+  const int64_t lo = window_start(first_pos, a.window), hi = last_pos + 1;
+  WarpState<kD> st;
+  for (int dn = 0; dn < kD / 8; ++dn) st.o[dn][0] = st.o[dn][1] = st.o[dn][2] = st.o[dn][3] = 0.0f;
+  st.m[0] = st.m[1] = kNegInf;
+  st.l[0] = st.l[1] = 0.0f;
+  for (int64_t kv0 = lo; kv0 < hi; kv0 += kKvTile) {
+    __syncthreads();  // the previous tile is consumed
+    load_kv_tile<kD>(p, s, b, kv0, lo, hi);
+    __syncthreads();
+    if (16 * b.warp < b.rows && kv0 <= warp_last_pos) take_tile<kD, kSoftcap>(p, s, b, kv0, pos, live, rs, st);
+  }
+
+  // The rows' totals (the sink joins the denominator), then O / total in the output type.
+  const float out_scale = Format::kUndo * vgs;
+  for (int h = 0; h < 2; ++h) {
+    float l = st.l[h];
+    l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
+    l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
+    if (!live[h]) continue;
+    const int r = 16 * b.warp + g + 8 * h;
+    const int64_t row = b.row0 + b.i0 + r / group, head = b.kv_head * group + r % group;
+    const RowTotal t = finish_row(st.m[h], l, sink_logit2(a.sinks, head));
+    const float f = t.total > 0 ? t.factor / t.total * out_scale : 0.0f;
+    uint16_t* const out = static_cast<uint16_t*>(a.out) + (row * a.q_heads + head) * dim;
+    for (int dn = 0; dn < kD / 8; ++dn) {
+      const int col = 8 * dn + 2 * c;
+      if (col >= dim) break;
+      const uint32_t pair = uint32_t(to_half_bits<kType>(st.o[dn][2 * h] * f)) |
+                            uint32_t(to_half_bits<kType>(st.o[dn][2 * h + 1] * f)) << 16;
+      *reinterpret_cast<uint32_t*>(out + col) = pair;  // dim is a multiple of 16: col + 1 < dim
+    }
+    if (a.lse && c == 0) a.lse[row * a.q_heads + head] = t.lse;
+  }
+}
+
+template <int kD, ElementType kType, bool kSoftcap>
+__global__ void __launch_bounds__(kThreads, 1) prefill_kernel(const __grid_constant__ PrefillParams p) {
+#if NVFP4KV_KERNEL_ARCH_SUPPORTED
+  extern __shared__ __align__(128) char smem[];
+  Block b{};
+  b.tid = int(threadIdx.x), b.warp = b.tid / 32, b.lane = b.tid % 32;
+  b.tile = blockIdx.x, b.kv_head = blockIdx.y, b.seq = blockIdx.z;
+  prefill_device<kD, kType, kSoftcap>(p, smem, b);
+#else
+  __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
+#endif
+}
+
+}  // namespace prefill
+
+cudaError_t plan_prefill_geometry(PrefillParams& p, std::string* unsupported) {
+  int device = 0, max_smem = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (e != cudaSuccess) return e;
+  *unsupported = nvfp4kv::plan_prefill_geometry(p.layout, p.args, max_smem, &p.geometry);
+  return cudaSuccess;
+}
+
+cudaError_t launch_prefill(const PrefillParams& p, cudaStream_t stream) {
+  using namespace prefill;
+  if (p.args.batch.batch == 0) return cudaSuccess;
+  return NVFP4KV_DISPATCH_HALF_TYPE(p.args.q_type, kType, [&] {
+    return NVFP4KV_DISPATCH_SOFTCAP(p.args.softcap > 0, kSoftcap, [&] {
+      return NVFP4KV_DISPATCH_ATTENTION_HEAD_DIM(p.geometry.head_dim, kD, [&] {
+        const auto kernel = prefill_kernel<kD, kType, kSoftcap>;
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, p.geometry.smem_bytes);
+        if (e != cudaSuccess) return e;
+        const dim3 grid{unsigned(p.geometry.q_tiles), unsigned(p.layout.dims().heads), unsigned(p.args.batch.batch)};
+        kernel<<<grid, kThreads, p.geometry.smem_bytes, stream>>>(p);
+        return cudaGetLastError();
+      });
+    });
+  });
+}
+
+}  // namespace nvfp4kv::kernels

@@ -1,0 +1,411 @@
+// Prefill / extend attention on the GPU against the fp64 reference on the same
+// dequantized cache (reference::prefill_attention reads the cache bytes through
+// the layout), and the mixed-batch call. Bounds: decode's (the output type's
+// rounding plus P in FP16); measured on the H200 over the cases below, worst
+// rel L2 1.77e-3 (bf16), 2.42e-4 (fp16), LSE 3.3e-5, each at least 30 % under
+// (src/kernels/NOTES.md, Prefill). A dropped scale or a wrong layout gives
+// errors above 0.1. Skipped, with a message, without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "nvfp4kv/api/kv_cache.hpp"
+#include "nvfp4kv/api/prefill.hpp"
+#include "nvfp4kv/harness/decode_bench.hpp"
+#include "nvfp4kv/harness/device_buffer.hpp"
+#include "nvfp4kv/harness/workload.hpp"
+#include "nvfp4kv/reference/attention.hpp"
+#include "nvfp4kv/reference/cache.hpp"
+#include "attention_check.hpp"
+
+namespace nvfp4kv {
+namespace {
+
+using harness::DeviceBuffer;
+
+using testing::cat;
+
+class GpuPrefill : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_device_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why;
+  }
+};
+
+// The output type's own rounding dominates, as in decode (harness/decode_bench.hpp).
+double rel_l2_bound(ElementType t) { return harness::decode_error_bound(t); }
+constexpr double kLseBound = harness::kDecodeLseBound;
+
+struct Case {
+  std::string preset = "nvfp4kv-native";
+  int64_t pages = 64, tokens_per_page = 16, kv_heads = 2, head_dim = 128, group = 4;
+  std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 37}, {50, 50}, {0, 10}, {70, 200}, {5, 130}};  // (q, kv)
+  ElementType type = ElementType::kBFloat16;
+  int64_t window = 0;
+  float softcap = 0;
+  bool sinks = false, lse = true, mixed = false;
+  uint64_t seed = 1;
+};
+
+struct Outcome : testing::Comparison {
+  DeviceStatus gpu, cpu;
+};
+
+// Runs one case through the GPU (prefill_attention, or mixed_attention) and the
+// reference. Each sequence gets its own shuffled pages; `mutate` may spoil the
+// block table, the kv lengths or the q lengths (cu_seqlens_q) afterwards.
+template <typename Mutate>
+Outcome run_case(const Case& k, Mutate mutate) {
+  Outcome o;
+  const ValidLayout v = validate(instantiate(preset_spec(k.preset), {1, k.pages, k.tokens_per_page, k.kv_heads, k.head_dim}));
+  const CacheDims& d = v.layout().dims;
+  const auto host = harness::random_cache(v, 0, k.seed);
+  const int64_t batch = int64_t(k.seqs.size());
+  int64_t longest = 1;
+  for (const auto& s : k.seqs) longest = std::max<int64_t>(longest, s.second);
+  const int64_t stride = (longest + d.tokens_per_page - 1) / d.tokens_per_page;
+  std::mt19937_64 rng(k.seed + 7);
+  std::vector<int32_t> table(size_t(batch * stride)), kv_lens, cu_q = {0};
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<int32_t> pages(size_t(d.pages));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    for (int64_t e = 0; e < stride; ++e) table[size_t(b * stride + e)] = pages[size_t(e % d.pages)];
+    kv_lens.push_back(k.seqs[size_t(b)].second);
+    cu_q.push_back(cu_q.back() + k.seqs[size_t(b)].first);
+  }
+  std::vector<int32_t> q_lens;
+  for (const auto& s : k.seqs) q_lens.push_back(s.first);
+  const int32_t max_q = *std::max_element(q_lens.begin(), q_lens.end());
+  mutate(table, kv_lens, cu_q);
+  const int64_t rows = cu_q.back(), q_heads = k.kv_heads * k.group;
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<uint16_t> q(size_t(std::max<int64_t>(rows, 1) * q_heads * d.head_dim));
+  for (auto& x : q) x = k.type == ElementType::kBFloat16 ? float_to_bf16(n(rng)) : float_to_fp16(n(rng));
+  std::vector<float> sinks(static_cast<size_t>(q_heads));
+  for (auto& s : sinks) s = n(rng) * 2.0f;
+  const float gs[2] = {0.37f, 1.9f};
+
+  PrefillArgs a;
+  a.q = q.data();
+  a.q_type = k.type;
+  a.q_heads = q_heads;
+  a.cu_seqlens_q = cu_q.data();
+  a.max_q_len = max_q;
+  a.batch = {.block_table = table.data(), .block_table_stride = stride, .seq_lens = kv_lens.data(), .batch = batch};
+  a.softmax_scale = float(1.0 / std::sqrt(double(d.head_dim)));
+  a.k_global_scale = &gs[0];
+  a.v_global_scale = &gs[1];
+  a.window = k.window;
+  a.softcap = k.softcap;
+  a.sinks = k.sinks ? sinks.data() : nullptr;
+  a.status = &o.cpu;
+  reference::HostCache cpu(v.layout(), 0);
+  for (size_t b = 0; b < host.size(); ++b) cpu.storage[b] = host[b];
+  const reference::PrefillResult want = reference::prefill_attention(v, cpu.buffers, a);
+
+  harness::DeviceCache cache(v.layout(), 0);
+  for (size_t b = 0; b < host.size(); ++b)
+    NVFP4KV_CUDA_CHECK(cudaMemcpy(cache.view().ptr[b], host[b].data(), host[b].size(), cudaMemcpyHostToDevice));
+  auto dq = DeviceBuffer<uint16_t>::from(q);
+  auto dtable = DeviceBuffer<int32_t>::from(table);
+  auto dlen = DeviceBuffer<int32_t>::from(kv_lens);
+  auto dcu = DeviceBuffer<int32_t>::from(cu_q);
+  auto dscales = DeviceBuffer<float>::from({gs[0], gs[1]});
+  auto dsinks = DeviceBuffer<float>::from(sinks);
+  auto dstatus = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
+  DeviceBuffer<uint16_t> out(q.size());
+  DeviceBuffer<float> lse(size_t(std::max<int64_t>(rows, 1) * q_heads));
+  out.fill_bytes(0xFF);
+  lse.fill_bytes(0xFF);
+  PrefillArgs g = a;
+  g.q = dq.get();
+  g.cu_seqlens_q = dcu.get();
+  g.batch.block_table = dtable.get();
+  g.batch.seq_lens = dlen.get();
+  g.k_global_scale = dscales.get();
+  g.v_global_scale = dscales.get() + 1;
+  g.sinks = k.sinks ? dsinks.get() : nullptr;
+  g.out = out.get();
+  g.lse = k.lse ? lse.get() : nullptr;
+  g.status = dstatus.get();
+  if (k.mixed) {
+    size_t bytes = 0;
+    const Result wr = mixed_workspace_bytes(v, q_lens.data(), batch, q_heads, stride, &bytes);
+    EXPECT_TRUE(wr.ok()) << wr.message;
+    DeviceBuffer<uint8_t> ws(std::max<size_t>(bytes, 256));
+    const Result r = mixed_attention(v, cache.view(), {.args = g, .q_lens = q_lens.data(), .workspace = ws.get(),
+                                                       .workspace_bytes = ws.size()}, nullptr);
+    EXPECT_TRUE(r.ok()) << r.message;
+    NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+  } else {
+    const Result r = prefill_attention(v, cache.view(), g, nullptr);
+    EXPECT_TRUE(r.ok()) << r.message;
+    NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  const auto got = out.download();
+  const auto got_lse = lse.download();
+  static_cast<testing::Comparison&>(o) =
+      testing::compare_attention(got, want.out, size_t(rows * q_heads * d.head_dim), d.head_dim, k.type,
+                                 k.lse ? &got_lse : nullptr, want.lse, size_t(rows * q_heads));
+  o.gpu = dstatus.download()[0];
+  return o;
+}
+
+Outcome run_case(const Case& k) {
+  return run_case(k, [](std::vector<int32_t>&, std::vector<int32_t>&, std::vector<int32_t>&) {});
+}
+
+void expect_close(const Case& k, const Outcome& o, const std::string& what) {
+  std::printf("  %-46s rel L2 %.2e  max |err| %.2e  lse %.2e\n", what.c_str(), o.rel_l2, o.max_abs, o.lse_max_abs);
+  EXPECT_LT(o.rel_l2, rel_l2_bound(k.type)) << what;
+  EXPECT_LT(o.lse_max_abs, kLseBound) << what;
+  EXPECT_EQ(o.unwritten, 0) << what;
+  EXPECT_EQ(o.nan_mismatch, 0) << what;
+  EXPECT_EQ(o.cpu.bad_pages + o.cpu.bad_lengths + o.cpu.bad_global_scale, 0u) << what;
+  EXPECT_EQ(o.gpu.bad_pages + o.gpu.bad_lengths + o.gpu.bad_global_scale, 0u) << what;
+}
+
+// GQA groups (3 leaves a row of the 64 unused), head dims, page sizes; the batch
+// holds q length 1, q = kv (pure prefill), an empty sequence and extends.
+TEST_F(GpuPrefill, EveryGroupHeadDimAndPageSizeMatchesTheReference) {
+  int ran = 0;
+  for (int64_t group : {1, 2, 3, 4, 8, 16})
+    for (int64_t dim : {64, 128, 256})
+      for (int64_t n : {16, 64}) {
+        Case k;
+        k.group = group;
+        k.head_dim = dim;
+        k.tokens_per_page = n;
+        k.pages = std::max<int64_t>(8, 512 / n);
+        k.type = ran % 2 ? ElementType::kFloat16 : ElementType::kBFloat16;
+        k.seed = uint64_t(ran) + 1;
+        const Outcome o = run_case(k);
+        expect_close(k, o, cat("G", group, " D", dim, " N", n, k.type == ElementType::kBFloat16 ? " bf16" : " fp16"));
+        if (HasFailure()) return;
+        ++ran;
+      }
+  EXPECT_EQ(ran, 36);
+}
+
+// Head dims without their own instance run zero-padded; pages of 1 to 256 tokens.
+TEST_F(GpuPrefill, PaddedHeadDimsAndOddPageSizes) {
+  for (int64_t dim : {16, 48, 96, 160, 192}) {
+    Case k;
+    k.head_dim = dim;
+    k.seed = uint64_t(dim) + 100;
+    expect_close(k, run_case(k), cat("D", dim));
+  }
+  for (int64_t n : {1, 3, 24, 128, 256}) {
+    Case k;
+    k.tokens_per_page = n;
+    k.pages = 256 / n + 8;
+    k.seed = uint64_t(n) + 200;
+    expect_close(k, run_case(k), cat("N", n));
+  }
+}
+
+TEST_F(GpuPrefill, OptionsMatchTheReference) {
+  for (int variant = 0; variant < 8; ++variant) {
+    Case k;
+    k.seqs = {{130, 300}, {17, 17}, {0, 0}, {1, 129}, {64, 100}};
+    k.pages = 100;
+    k.window = (variant & 1) ? 50 : 0;
+    k.softcap = (variant & 2) ? 1.5f : 0;  // small: the cap bites
+    k.sinks = (variant & 4) != 0;
+    k.type = variant % 3 ? ElementType::kBFloat16 : ElementType::kFloat16;
+    k.seed = uint64_t(variant) + 40;
+    expect_close(k, run_case(k), cat("window ", k.window, ", softcap ", k.softcap, k.sinks ? ", sinks" : ""));
+  }
+}
+
+TEST_F(GpuPrefill, EverySoundPresetMatchesTheReference) {
+  int ran = 0;
+  for (const PresetInfo& p : list_presets()) {
+    const Layout l = instantiate(preset_spec(p.name), {1, 64, 16, 2, 128});
+    if (!check(l).report.ok) continue;
+    Case k;
+    k.preset = p.name;
+    k.seed = uint64_t(ran) + 90;
+    expect_close(k, run_case(k), p.name);
+    ++ran;
+  }
+  EXPECT_GE(ran, 11);
+}
+
+// The mixed-batch call: q length 1 runs through decode, the rest through prefill.
+TEST_F(GpuPrefill, MixedBatchesRouteEachRunAndMatchTheReference) {
+  Case k;
+  k.mixed = true;
+  k.seqs = {{1, 37}, {1, 300}, {5, 200}, {0, 4}, {1, 1}, {80, 80}, {1, 129}, {3, 700}};
+  k.pages = 128;
+  k.sinks = true;
+  expect_close(k, run_case(k), "mixed, sinks");
+  k.window = 40;
+  k.softcap = 2.0f;
+  k.type = ElementType::kFloat16;
+  expect_close(k, run_case(k), "mixed, window, softcap, fp16");
+}
+
+TEST_F(GpuPrefill, BadEntriesAreCountedNeverReadAndMarkTheirSequence) {
+  Case k;
+  k.seqs = {{10, 64}, {10, 64}, {10, 64}, {70, 64}, {4, 64}};
+  // Sequence 1's second page does not exist; sequence 2 is longer than its table;
+  // sequence 3 has more new tokens than tokens; sequence 4's bad page lies before its window.
+  k.window = 20;
+  const Outcome o = run_case(k, [](std::vector<int32_t>& table, std::vector<int32_t>& kv, std::vector<int32_t>&) {
+    table[size_t(1 * 4 + 3)] = 100000;
+    kv[2] = 4 * 16 + 9;
+    table[size_t(4 * 4 + 0)] = -5;
+  });
+  EXPECT_EQ(o.nan_mismatch, 0);
+  EXPECT_EQ(o.gpu.bad_pages, 16u);
+  EXPECT_EQ(o.gpu.bad_lengths, 2u);
+  EXPECT_EQ(o.cpu.bad_pages, o.gpu.bad_pages);
+  EXPECT_EQ(o.cpu.bad_lengths, o.gpu.bad_lengths);
+  EXPECT_EQ(o.nan_rows, (10 + 10 + 70) * 8);  // sequences 1, 2, 3, every head
+  EXPECT_LT(o.rel_l2, rel_l2_bound(k.type));  // sequences 0 and 4 are still right
+  EXPECT_EQ(o.unwritten, 0);
+}
+
+// A 4096-token prompt in one call, in chunks of 17, 256 and 1000 tokens (each
+// chunk stored before it is attended: its kv length is where it ends), and as a
+// 3000-token cached prefix plus 1096 new ones: every row within the bound of the
+// one-call result and of the reference.
+TEST_F(GpuPrefill, ChunkingAPromptChangesNothingBeyondRounding) {
+  const int64_t total = 4096, n = 16, q_heads = 2;
+  const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, total / n + 4, n, 1, 64}));
+  const auto host = harness::random_cache(v, 0, 77);
+  harness::DeviceCache cache(v.layout(), 0);
+  for (size_t b = 0; b < host.size(); ++b)
+    NVFP4KV_CUDA_CHECK(cudaMemcpy(cache.view().ptr[b], host[b].data(), host[b].size(), cudaMemcpyHostToDevice));
+  std::mt19937_64 rng(78);
+  std::vector<int32_t> table(size_t(total / n));
+  std::iota(table.begin(), table.end(), 2);
+  std::shuffle(table.begin(), table.end(), rng);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint16_t> q(size_t(total * q_heads * 64));
+  for (auto& x : q) x = float_to_bf16(nd(rng));
+  const float gs[2] = {0.5f, 1.5f};
+  auto dq = DeviceBuffer<uint16_t>::from(q);
+  auto dtable = DeviceBuffer<int32_t>::from(table);
+  auto dscales = DeviceBuffer<float>::from({gs[0], gs[1]});
+  DeviceBuffer<int32_t> dcu(2), dlen(1);
+  PrefillArgs a;
+  a.q = dq.get();
+  a.q_heads = q_heads;
+  a.cu_seqlens_q = dcu.get();
+  a.batch = {.block_table = dtable.get(), .block_table_stride = total / n, .seq_lens = dlen.get(), .batch = 1};
+  a.softmax_scale = 0.125f;
+  a.k_global_scale = dscales.get();
+  a.v_global_scale = dscales.get() + 1;
+  const auto run = [&](const std::vector<int32_t>& ends) {
+    DeviceBuffer<uint16_t> out(q.size());
+    out.fill_bytes(0xFF);
+    PrefillArgs c = a;
+    c.out = out.get();
+    for (size_t i = 0; i < ends.size(); ++i) {
+      const int32_t start = i ? ends[i - 1] : 0;
+      dcu.upload({start, ends[i]});  // absolute rows: the chunk's queries and outputs in place
+      dlen.upload({ends[i]});
+      c.max_q_len = ends[i] - start;
+      const Result r = prefill_attention(v, cache.view(), c, nullptr);
+      EXPECT_TRUE(r.ok()) << r.message;
+      NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());  // the next chunk's offsets overwrite these
+    }
+    return out.download();
+  };
+  const auto one = run({int32_t(total)});
+  // The reference on the same cache, for the one-call result.
+  reference::HostCache cpu(v.layout(), 0);
+  for (size_t b = 0; b < host.size(); ++b) cpu.storage[b] = host[b];
+  const int32_t cu_host[2] = {0, int32_t(total)}, len_host[1] = {int32_t(total)};
+  PrefillArgs h = a;
+  h.q = q.data();
+  h.cu_seqlens_q = cu_host;
+  h.max_q_len = total;
+  h.batch.block_table = table.data();
+  h.batch.seq_lens = len_host;
+  h.k_global_scale = &gs[0];
+  h.v_global_scale = &gs[1];
+  const reference::PrefillResult want = reference::prefill_attention(v, cpu.buffers, h);
+  const auto rel = [](const std::vector<uint16_t>& x, const auto& y) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double got = bf16_to_float(x[i]), want_i = double(y[i]);
+      num += (got - want_i) * (got - want_i);
+      den += want_i * want_i;
+    }
+    return std::sqrt(num / den);
+  };
+  const double one_err = rel(one, want.out);
+  std::printf("  one call: rel L2 %.2e against the reference\n", one_err);
+  EXPECT_LT(one_err, rel_l2_bound(ElementType::kBFloat16));
+  std::vector<float> one_f(one.size());
+  for (size_t i = 0; i < one.size(); ++i) one_f[i] = bf16_to_float(one[i]);
+  for (const int32_t chunk : {17, 256, 1000, 0}) {
+    std::vector<int32_t> ends;
+    if (chunk == 0) ends = {3000, int32_t(total)};
+    else
+      for (int32_t e = chunk; e - chunk < total; e += chunk) ends.push_back(std::min(e, int32_t(total)));
+    const auto got = run(ends);
+    EXPECT_EQ(std::count(got.begin(), got.end(), uint16_t(0xFFFF)), 0);
+    const double vs_one = rel(got, one_f), vs_ref = rel(got, want.out);
+    std::printf("  %-24s rel L2 %.2e against one call, %.2e against the reference\n",
+                chunk ? cat("chunks of ", chunk).c_str() : "3000 cached + 1096 new", vs_one, vs_ref);
+    EXPECT_LT(vs_one, rel_l2_bound(ElementType::kBFloat16)) << chunk;
+    EXPECT_LT(vs_ref, rel_l2_bound(ElementType::kBFloat16)) << chunk;
+  }
+}
+
+TEST_F(GpuPrefill, HostSideErrorsLaunchNothing) {
+  const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 4, 16, 2, 128}));
+  harness::DeviceCache cache(v.layout(), 0);
+  DeviceBuffer<uint16_t> q(8 * 128 * 4), out(8 * 128 * 4);
+  auto table = DeviceBuffer<int32_t>::from({0, 1});
+  auto lens = DeviceBuffer<int32_t>::from({20});
+  auto cu = DeviceBuffer<int32_t>::from({0, 4});
+  auto scales = DeviceBuffer<float>::from({1.0f, 1.0f});
+  PrefillArgs a;
+  a.q = q.get();
+  a.q_heads = 8;
+  a.cu_seqlens_q = cu.get();
+  a.max_q_len = 4;
+  a.batch = {.block_table = table.get(), .block_table_stride = 2, .seq_lens = lens.get(), .batch = 1};
+  a.softmax_scale = 0.1f;
+  a.k_global_scale = scales.get();
+  a.v_global_scale = scales.get() + 1;
+  a.out = out.get();
+  EXPECT_TRUE(prefill_attention(v, cache.view(), a, nullptr).ok());
+  const auto bad = [&](auto mutate, const char* needle) {
+    PrefillArgs x = a;
+    mutate(x);
+    const Result r = prefill_attention(v, cache.view(), x, nullptr);
+    EXPECT_EQ(r.status, Status::kInvalidArgument) << needle;
+    EXPECT_NE(r.message.find(needle), std::string::npos) << r.message;
+  };
+  bad([](PrefillArgs& x) { x.q_heads = 7; }, "multiple of the layout's 2 kv heads");
+  bad([](PrefillArgs& x) { x.q_heads = 34; }, "at most 16 query heads per kv head");
+  bad([](PrefillArgs& x) { x.softmax_scale = 0; }, "softmax_scale");
+  bad([](PrefillArgs& x) { x.cu_seqlens_q = nullptr; }, "cu_seqlens_q");
+  bad([](PrefillArgs& x) { x.max_q_len = -3; }, "max_q_len");
+  bad([](PrefillArgs& x) { x.q_type = ElementType::kFloat32; }, "bf16 or fp16");
+  bad([](PrefillArgs& x) { x.out = nullptr; }, "output");
+  bad([](PrefillArgs& x) { x.out = static_cast<char*>(x.out) + 2; }, "16-byte aligned");
+  const int32_t q_lens[2] = {1, -1};
+  MixedBatch m{.args = a, .q_lens = q_lens};
+  m.args.batch.batch = 2;
+  const Result r = mixed_attention(v, cache.view(), m, nullptr);
+  EXPECT_EQ(r.status, Status::kInvalidArgument);
+  EXPECT_NE(r.message.find("negative"), std::string::npos) << r.message;
+  NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace
+}  // namespace nvfp4kv
