@@ -4,6 +4,8 @@
 #include <limits>
 #include <string>
 
+#include "nvfp4kv/reference/transform.hpp"
+
 namespace nvfp4kv::reference {
 
 void attend(const double* q, int64_t q_heads, const double* k, const double* v, int64_t tokens, int64_t kv_heads,
@@ -17,6 +19,7 @@ void attend(const double* q, int64_t q_heads, const double* k, const double* v, 
     for (int64_t t = first; t < tokens; ++t) {
       double dot = 0;
       for (int64_t e = 0; e < dim; ++e) dot += q[h * dim + e] * k[(t * kv_heads + kvh) * dim + e];
+      if (o.score_bias) dot += o.score_bias[h];
       double z = dot * o.softmax_scale;
       if (o.softcap > 0) z = o.softcap * std::tanh(z / o.softcap);
       logit[size_t(t)] = z;
@@ -41,6 +44,10 @@ DecodeResult decode_attention(const ValidLayout& valid, const CacheBuffers& buff
     throw ArgumentError("reference::decode_attention: " + p);
   if (a.q_type != ElementType::kBFloat16 && a.q_type != ElementType::kFloat16 && a.q_type != ElementType::kFloat32)
     throw ArgumentError("reference::decode_attention: unsupported query type");
+  const CacheFormat& format = valid.format();
+  if (std::string p = paged_format_problem(format, a.layer); !p.empty())
+    throw ArgumentError("reference::decode_attention: " + p);
+  const TensorFormat k_format = format.layer(a.layer).k, v_format = format.layer(a.layer).v;
   const Layout& l = valid.layout();
   const CacheDims& d = l.dims;
   const int64_t dim = d.head_dim, row = d.heads * dim;
@@ -93,7 +100,18 @@ DecodeResult decode_attention(const ValidLayout& valid, const CacheBuffers& buff
     }
     std::vector<double> q(size_t(a.q_heads * dim));
     for (int64_t i = 0; i < a.q_heads * dim; ++i) q[size_t(i)] = element_to_float(a.q, s * q_stride + i, a.q_type);
+    // The cache holds H(k - mu) and H v: q.k = (H q).(H(k - mu)) + q.mu, and the output
+    // comes back from V's basis with H (its own inverse).
+    std::vector<double> bias(size_t(a.q_heads), 0.0);
+    const int64_t group = a.q_heads / d.heads;
+    for (int64_t h = 0; h < a.q_heads; ++h) {
+      if (const float* mu = format.k_mean_row(d, a.layer, h / group))
+        for (int64_t e = 0; e < dim; ++e) bias[size_t(h)] += q[size_t(h * dim + e)] * double(mu[e]);
+      rotate_row_f64(k_format, dim, q.data() + h * dim);
+    }
+    o.score_bias = format.has_k_mean() ? bias.data() : nullptr;
     attend(q.data(), a.q_heads, k.data(), v.data(), len.tokens, d.heads, dim, o, out, lse);
+    for (int64_t h = 0; h < a.q_heads; ++h) rotate_row_f64(v_format, dim, out + h * dim);
   }
   return r;
 }
