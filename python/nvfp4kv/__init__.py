@@ -49,7 +49,7 @@ build_info: str = _core.build_info
 __all__ = [
     "ArgumentError", "BufferInfo", "Cache", "CheckReport", "CompareReport", "CudaError", "Dims", "Error",
     "Layout", "LayoutError", "LayoutRejected", "LayoutSpec", "Misplacement", "Plan", "UnsupportedError",
-    "ValidLayout", "build_info", "check", "check_report", "compare", "cuda_available", "from_json",
+    "ValidLayout", "build_info", "check", "with_format", "check_report", "compare", "cuda_available", "from_json",
     "conformance", "has_cuda", "load", "load_spec", "plan", "presets", "reference", "show",
 ]
 
@@ -118,6 +118,38 @@ def check(layout: Union[Layout, ValidLayout, Plan]) -> ValidLayout:
     if valid is None:
         raise LayoutRejected(layout.name, report)
     return valid
+
+
+def with_format(layout: Union[Layout, ValidLayout, Plan], format: Any) -> ValidLayout:
+    """The proven layout with a cache format attached (docs/format.md, "Cache formats"): what
+    each tensor's bytes mean (NVFP4 or FP8 E4M3, scale rule, Hadamard rotation, K smoothing).
+    ``format`` is a dict in the format's JSON form (``k_mean`` may be a numpy array, any shape,
+    C order), its JSON text, or a path to a file holding it. Checked against the layout's sizes;
+    a bad field raises LayoutError naming it. A Cache over the result stores and reads through
+    the format (the CPU reference implements every format; the GPU kernels refuse what they lack)."""
+    import json as _json
+    import os as _os
+    valid = check(layout)
+    if isinstance(format, dict):
+        doc = dict(format)
+        doc.setdefault("nvfp4kv_format", 1)
+        if "k_mean" in doc and doc["k_mean"] is not None:
+            # JSON has no NaN or Inf: they travel as text, which the parser refuses naming the element.
+            doc["k_mean"] = [float(x) if math.isfinite(x) else repr(float(x)) for x in _np_flat(doc["k_mean"])]
+        text = _json.dumps(doc)
+    elif isinstance(format, _os.PathLike) or (isinstance(format, str) and not format.lstrip().startswith("{")):
+        with open(format, "r", encoding="utf-8") as f:
+            text = f.read()
+    elif isinstance(format, str):
+        text = format
+    else:
+        raise TypeError("with_format: format must be a dict, JSON text or a path, got %s" % type(format).__name__)
+    return _core._with_format(valid, text)
+
+
+def _np_flat(x: Any):
+    import numpy as _np
+    return _np.asarray(x, dtype=_np.float32).reshape(-1)
 
 
 def compare(writer: Union[Layout, ValidLayout], reader: Union[Layout, ValidLayout],

@@ -119,7 +119,11 @@ class KVCache(Cache):
                  instantiated for this model's layers, heads and head dim and proven by
                  nvfp4kv.check before anything is stored.
     tokens_per_page: page size (16 by default).
-    rule:        the store's scale rule, "standard" or "4over6".
+    rule:        the store's scale rule, "standard" or "4over6" (without ``format``).
+    format:      the cache format (nvfp4kv.with_format: a dict, JSON text or path): per layer and
+                 tensor the scale rule, a Hadamard rotation, K smoothing mu; the writer and every
+                 reader take it from the one layout object. The CPU reference implements it; the
+                 GPU kernels refuse what they do not implement yet. Its rules replace ``rule``.
     global_scales: (k, v) dequant multipliers, one float each or one per layer (e.g.
                  nvfp4kv.reference.recommend_global_scale(amax) from calibration); default 1.0.
     dtype:       the precision rows reach the kernels in (torch.bfloat16 or torch.float16;
@@ -128,7 +132,8 @@ class KVCache(Cache):
 
     def __init__(self, config: Any, *, max_tokens: Optional[int] = None, memory_bytes: Optional[int] = None,
                  device: Any = None, layout: Any = None, tokens_per_page: int = 16, rule: str = "standard",
-                 global_scales: Optional[Tuple[Any, Any]] = None, dtype: torch.dtype = torch.bfloat16):
+                 global_scales: Optional[Tuple[Any, Any]] = None, dtype: torch.dtype = torch.bfloat16,
+                 format: Any = None):
         layers, kv_heads, head_dim = _kv_dims(config)
         if (max_tokens is None) == (memory_bytes is None):
             raise ValueError("KVCache: give exactly one of max_tokens= and memory_bytes=")
@@ -152,6 +157,10 @@ class KVCache(Cache):
             valid = plan.layout
         else:
             valid = self._sized_layout(layout, layers, kv_heads, head_dim, tokens_per_page, pages, memory_bytes)
+        if format is not None:
+            if rule != "standard":
+                raise ValueError("KVCache: give the scale rules in format=, not rule= (the format's rules apply)")
+            valid = nvfp4kv.with_format(valid, format)
         # The writer stores, the reader attends: one nvfp4kv cache, unless a test stages a reader
         # that disagrees with the writer (over the same buffers) to prove it is caught.
         self.writer = nvfp4kv.Cache(valid, "cpu" if self.device.type == "cpu" else str(self.device))
@@ -302,8 +311,9 @@ class KVCache(Cache):
         raise NotImplementedError("nvfp4kv.transformers.KVCache: crop (assisted decoding) is not supported")
 
     def bytes_per_token(self) -> float:
-        """Cache bytes per token, all layers: K and V data and scales (9 D / 16 per head and side)."""
-        return self.layers_count * self.kv_heads * 2 * self.head_dim * 9 / 16
+        """Cache bytes per token, all layers: K and V data and scales (9 D / 16 per head and side
+        for NVFP4; the format's bits per value where it has one)."""
+        return self.layers_count * self.kv_heads * 2 * self.head_dim * self.writer.layout.bits_per_value / 8
 
     # ---- reading ----------------------------------------------------------------------------
     def gather(self, layer: int, dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:
