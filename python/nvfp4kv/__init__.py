@@ -20,6 +20,7 @@ layouts, planning and the CPU reference (host caches) all work.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _core, _streams, reference
@@ -49,7 +50,7 @@ build_info: str = _core.build_info
 __all__ = [
     "ArgumentError", "BufferInfo", "Cache", "CheckReport", "CompareReport", "CudaError", "Dims", "Error",
     "Layout", "LayoutError", "LayoutRejected", "LayoutSpec", "Misplacement", "Plan", "UnsupportedError",
-    "ValidLayout", "build_info", "check", "with_format", "check_report", "compare", "cuda_available", "from_json",
+    "ValidLayout", "build_info", "calibrate", "check", "load_calibration", "with_format", "check_report", "compare", "cuda_available", "from_json",
     "conformance", "has_cuda", "load", "load_spec", "plan", "presets", "reference", "show",
 ]
 
@@ -145,6 +146,35 @@ def with_format(layout: Union[Layout, ValidLayout, Plan], format: Any) -> ValidL
     else:
         raise TypeError("with_format: format must be a dict, JSON text or a path, got %s" % type(format).__name__)
     return _core._with_format(valid, text)
+
+
+def calibrate(samples: Any, bits: float = 4.5, out: Optional[str] = None) -> Dict[str, Any]:
+    """A calibration (docs/calibration.md) from post-RoPE K/V samples: ``samples`` is a path to an
+    .npz (numpy.savez) or a mapping of arrays k_0, v_0, k_1, v_1, ... (tokens, kv heads, D), with
+    optional q_0, ... (tokens, q heads, D). Per layer: K/V amax, global scales, the K mean, the
+    error of every NVFP4 mode, and the recommended format for ``bits`` bits per value (FP8 for K on
+    the layers of largest error while the budget allows). Written to ``out`` when given (only
+    after every array was checked); returned as a dict."""
+    import json as _json
+    import numpy as _np
+    if isinstance(samples, (str, os.PathLike)):
+        with _np.load(samples, allow_pickle=False) as f:
+            arrays = {name: _np.ascontiguousarray(f[name], dtype=_np.float32) for name in f.files}
+    else:
+        arrays = {str(name): _np.ascontiguousarray(_np.asarray(a), dtype=_np.float32) for name, a in samples.items()}
+    text = _core._calibrate(arrays, float(bits))
+    if out is not None:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return _json.loads(text)
+
+
+def load_calibration(path: str, *, layers: int = 0, kv_heads: int = 0, head_dim: int = 0) -> Dict[str, Any]:
+    """A calibration file, checked field by field (a malformed or newer file raises LayoutError
+    naming the field) and, given the sizes, against a cache's layers, kv heads and head dim
+    (ArgumentError saying which differs)."""
+    import json as _json
+    return _json.loads(_core._load_calibration(str(path), layers, kv_heads, head_dim))
 
 
 def _np_flat(x: Any):

@@ -124,6 +124,9 @@ class KVCache(Cache):
                  tensor the scale rule, a Hadamard rotation, K smoothing mu; the writer and every
                  reader take it from the one layout object. The CPU reference implements it; the
                  GPU kernels refuse what they do not implement yet. Its rules replace ``rule``.
+    calibration: a calibration file (``nvfp4kv calibrate``): its recommended format and global
+                 scales, after checking it was made for this model's layers, kv heads and head dim
+                 (a mismatch raises before anything is allocated).
     global_scales: (k, v) dequant multipliers, one float each or one per layer (e.g.
                  nvfp4kv.reference.recommend_global_scale(amax) from calibration); default 1.0.
     dtype:       the precision rows reach the kernels in (torch.bfloat16 or torch.float16;
@@ -133,8 +136,15 @@ class KVCache(Cache):
     def __init__(self, config: Any, *, max_tokens: Optional[int] = None, memory_bytes: Optional[int] = None,
                  device: Any = None, layout: Any = None, tokens_per_page: int = 16, rule: str = "standard",
                  global_scales: Optional[Tuple[Any, Any]] = None, dtype: torch.dtype = torch.bfloat16,
-                 format: Any = None):
+                 format: Any = None, calibration: Optional[str] = None):
         layers, kv_heads, head_dim = _kv_dims(config)
+        if calibration is not None:
+            if format is not None or global_scales is not None:
+                raise ValueError("KVCache: calibration= brings the format and the global scales; give neither beside it")
+            cal = nvfp4kv.load_calibration(calibration, layers=layers, kv_heads=kv_heads, head_dim=head_dim)
+            format = cal["format"]
+            global_scales = ([p["k_global_scale"] for p in cal["per_layer"]],
+                             [p["v_global_scale"] for p in cal["per_layer"]])
         if (max_tokens is None) == (memory_bytes is None):
             raise ValueError("KVCache: give exactly one of max_tokens= and memory_bytes=")
         if rule not in ("standard", "4over6"):

@@ -238,6 +238,21 @@ expect 0 '"token_capacity": ' "$bin" layout plan --layers 32 --kv-heads 8 --head
 expect_json 0 "$bin" layout presets
 expect_json 0 "$bin" layout show trtllm $s2
 expect_json 0 "$bin" layout show nvfp4kv-native $small --format "$tmp/format.json"
+# calibrate: samples from numpy (where it is installed), shapes checked, nothing written on refusal.
+if python3 -c "import numpy" 2>/dev/null; then
+  python3 -c "
+import numpy as np, sys
+g = np.random.default_rng(0)
+a = {'%s_%d' % (s, l): g.standard_normal((64, 2, 32)).astype(np.float32) for s in 'kv' for l in range(4)}
+np.savez(sys.argv[1], **a)
+del a['v_3']
+np.savez(sys.argv[2], **a)" "$tmp/samples.npz" "$tmp/samples-missing.npz"
+  expect 0 "policy for 5 bits per value: 4.9375" "$bin" calibrate --samples "$tmp/samples.npz" --bits 5 --out "$tmp/cal.json"
+  expect_json 0 "$bin" calibrate --samples "$tmp/samples.npz" --bits 5 --out "$tmp/cal.json"
+  expect 2 "missing v_3" "$bin" calibrate --samples "$tmp/samples-missing.npz" --out "$tmp/cal-missing.json"
+  expect 2 "\[4.5, 8\]" "$bin" calibrate --samples "$tmp/samples.npz" --bits 3 --out "$tmp/cal-missing.json"
+  if [ -e "$tmp/cal-missing.json" ]; then fail=$((fail + 1)); echo "FAIL: a refused calibrate wrote its --out"; fi
+fi
 expect_json 1 "$bin" layout show vllm-packed-nhd-writer-sm12x $s2
 expect_json 0 "$bin" layout check nvfp4kv-native-layers --layers 4 $s2
 expect_json 1 "$bin" layout check vllm-packed-nhd-reader-sm120 $s2
