@@ -35,7 +35,8 @@ def table(r) -> str:
            "%s on the %s (%d thread(s)); %s; torch %s, transformers %s." % (
                r["model"], r["dtype"], r["device"], r["threads"], r["nvfp4kv"], r["torch"], r["transformers"]),
            "Text: the Python 3 manual's prose (Debian python3-doc, bench/transformers/text.py), windows from its "
-           "start; calibration (the FP8 scales, the -cal global scales): K and V amax over %d tokens of the "
+           "start; calibration (the FP8 scales, the -cal global scales, the K means of K smoothing): K and V amax "
+           "and K's mean per layer, KV head and channel over %d tokens of the "
            "Debian Reference (debian-reference-en), text never evaluated on." % r["calibration"]["tokens"],
            "KL: KL(P_BF16 || P_row) of the next-token distributions, per predicted token; top-1: the "
            "same most likely next token as the BF16 row. Bytes per token: all 30 layers, K and V, data and scales (quanto and "

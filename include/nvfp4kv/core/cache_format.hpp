@@ -27,14 +27,17 @@ struct TensorFormat {
   ElementFormat element = ElementFormat::kNvfp4;
   ScaleRule rule = ScaleRule::kStandard;  // NVFP4's block rule; FP8 has no blocks and keeps kStandard
   int64_t rotation = kNoRotation;         // x -> H x before quantizing, H orthonormal, block-diagonal
-  friend bool operator==(const TensorFormat&, const TensorFormat&) = default;
 };
+// Written out (not defaulted): CUDA sources built as C++17 include this header through layout.hpp.
+inline bool operator==(const TensorFormat& a, const TensorFormat& b) {
+  return a.element == b.element && a.rule == b.rule && a.rotation == b.rotation;
+}
 
 struct LayerFormat {
   TensorFormat k, v;
   const TensorFormat& side(Side s) const { return s == Side::kK ? k : v; }
-  friend bool operator==(const LayerFormat&, const LayerFormat&) = default;
 };
+inline bool operator==(const LayerFormat& a, const LayerFormat& b) { return a.k == b.k && a.v == b.v; }
 
 inline constexpr int kCacheFormatVersion = 1;
 
@@ -54,8 +57,8 @@ struct CacheFormat {
   const float* k_mean_row(const CacheDims& d, int64_t layer, int64_t head) const;
   // Plain NVFP4 in this layer: no FP8, no rotation, no mu (either rule).
   bool plain_nvfp4(int64_t layer) const;
-  friend bool operator==(const CacheFormat&, const CacheFormat&) = default;
 };
+inline bool operator==(const CacheFormat& a, const CacheFormat& b) { return a.layers == b.layers && a.k_mean == b.k_mean; }
 
 const char* element_format_name(ElementFormat f);   // "nvfp4", "fp8_e4m3"
 const char* scale_rule_name(ScaleRule r);            // "standard", "4over6"
