@@ -129,7 +129,6 @@ def with_format(layout: Union[Layout, ValidLayout, Plan], format: Any) -> ValidL
     a bad field raises LayoutError naming it. A Cache over the result stores and reads through
     the format (the CPU reference implements every format; the GPU kernels refuse what they lack)."""
     import json as _json
-    import os as _os
     valid = check(layout)
     if isinstance(format, dict):
         doc = dict(format)
@@ -138,7 +137,7 @@ def with_format(layout: Union[Layout, ValidLayout, Plan], format: Any) -> ValidL
             # JSON has no NaN or Inf: they travel as text, which the parser refuses naming the element.
             doc["k_mean"] = [float(x) if math.isfinite(x) else repr(float(x)) for x in _np_flat(doc["k_mean"])]
         text = _json.dumps(doc)
-    elif isinstance(format, _os.PathLike) or (isinstance(format, str) and not format.lstrip().startswith("{")):
+    elif isinstance(format, os.PathLike) or (isinstance(format, str) and not format.lstrip().startswith("{")):
         with open(format, "r", encoding="utf-8") as f:
             text = f.read()
     elif isinstance(format, str):

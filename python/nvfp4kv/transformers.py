@@ -20,6 +20,7 @@ the new chunk. The attention function refuses to run without the cache, by name.
 """
 from __future__ import annotations
 
+import json
 import math
 import threading
 from typing import Any, List, Optional, Sequence, Tuple, Union
@@ -171,6 +172,12 @@ class KVCache(Cache):
             if rule != "standard":
                 raise ValueError("KVCache: give the scale rules in format=, not rule= (the format's rules apply)")
             valid = nvfp4kv.with_format(valid, format)
+            fp8 = [i for i, layer in enumerate(json.loads(valid.format_json)["layers"])
+                   if "fp8_e4m3" in (layer["k"]["element"], layer["v"]["element"])]
+            if fp8:  # refused here, before any step, rather than at the first store
+                raise nvfp4kv.UnsupportedError(
+                    "KVCache: the format stores FP8 in layer(s) %s; layouts place NVFP4 pages only so far, so a "
+                    "cache cannot hold FP8 yet (the format and calibration files describe it already)" % fp8)
         # The writer stores, the reader attends: one nvfp4kv cache, unless a test stages a reader
         # that disagrees with the writer (over the same buffers) to prove it is caught.
         self.writer = nvfp4kv.Cache(valid, "cpu" if self.device.type == "cpu" else str(self.device))

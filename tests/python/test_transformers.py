@@ -276,6 +276,8 @@ def test_a_format_with_rotation_and_smoothing_is_what_the_cache_stores_and_reads
         make_cache(model, format={"layers": [{"k": {"rotation": 48}}]})
     with pytest.raises(ValueError, match="not rule="):
         make_cache(model, rule="4over6", format=fmt)
+    with pytest.raises(nvfp4kv.UnsupportedError, match=r"stores FP8 in layer\(s\) \[0\]"):
+        make_cache(model, format={"layers": [{"k": {"element": "fp8_e4m3"}}, {}]})
 
 
 def test_generate_with_left_padding_matches_the_reference_path():
