@@ -22,6 +22,7 @@ LABELS = {
     "nvfp4-smooth": "nvfp4kv NVFP4 + K smoothing (calibrated mu)",
     "nvfp4-all": "nvfp4kv NVFP4 4over6 + rotation + K smoothing",
     "k-fp8-v-nvfp4": "K FP8 + V NVFP4 (simulated, 6.25 bits)",
+    "nvfp4-calibrated": "nvfp4kv NVFP4, per-layer modes and scales from nvfp4kv calibrate (4.5 bits)",
     "quanto-int4": "transformers QuantizedCache quanto int4",
     "quanto-int2": "transformers QuantizedCache quanto int2",
     "hqq-4": "transformers QuantizedCache HQQ 4-bit",
