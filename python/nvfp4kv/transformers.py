@@ -20,6 +20,7 @@ the new chunk. The attention function refuses to run without the cache, by name.
 """
 from __future__ import annotations
 
+import json
 import math
 import threading
 from typing import Any, List, Optional, Sequence, Tuple, Union
@@ -119,7 +120,14 @@ class KVCache(Cache):
                  instantiated for this model's layers, heads and head dim and proven by
                  nvfp4kv.check before anything is stored.
     tokens_per_page: page size (16 by default).
-    rule:        the store's scale rule, "standard" or "4over6".
+    rule:        the store's scale rule, "standard" or "4over6" (without ``format``).
+    format:      the cache format (nvfp4kv.with_format: a dict, JSON text or path): per layer and
+                 tensor the scale rule, a Hadamard rotation, K smoothing mu; the writer and every
+                 reader take it from the one layout object. The CPU reference implements it; the
+                 GPU kernels refuse what they do not implement yet. Its rules replace ``rule``.
+    calibration: a calibration file (``nvfp4kv calibrate``): its recommended format and global
+                 scales, after checking it was made for this model's layers, kv heads and head dim
+                 (a mismatch raises before anything is allocated).
     global_scales: (k, v) dequant multipliers, one float each or one per layer (e.g.
                  nvfp4kv.reference.recommend_global_scale(amax) from calibration); default 1.0.
     dtype:       the precision rows reach the kernels in (torch.bfloat16 or torch.float16;
@@ -128,8 +136,16 @@ class KVCache(Cache):
 
     def __init__(self, config: Any, *, max_tokens: Optional[int] = None, memory_bytes: Optional[int] = None,
                  device: Any = None, layout: Any = None, tokens_per_page: int = 16, rule: str = "standard",
-                 global_scales: Optional[Tuple[Any, Any]] = None, dtype: torch.dtype = torch.bfloat16):
+                 global_scales: Optional[Tuple[Any, Any]] = None, dtype: torch.dtype = torch.bfloat16,
+                 format: Any = None, calibration: Optional[str] = None):
         layers, kv_heads, head_dim = _kv_dims(config)
+        if calibration is not None:
+            if format is not None or global_scales is not None:
+                raise ValueError("KVCache: calibration= brings the format and the global scales; give neither beside it")
+            cal = nvfp4kv.load_calibration(calibration, layers=layers, kv_heads=kv_heads, head_dim=head_dim)
+            format = cal["format"]
+            global_scales = ([p["k_global_scale"] for p in cal["per_layer"]],
+                             [p["v_global_scale"] for p in cal["per_layer"]])
         if (max_tokens is None) == (memory_bytes is None):
             raise ValueError("KVCache: give exactly one of max_tokens= and memory_bytes=")
         if rule not in ("standard", "4over6"):
@@ -152,6 +168,16 @@ class KVCache(Cache):
             valid = plan.layout
         else:
             valid = self._sized_layout(layout, layers, kv_heads, head_dim, tokens_per_page, pages, memory_bytes)
+        if format is not None:
+            if rule != "standard":
+                raise ValueError("KVCache: give the scale rules in format=, not rule= (the format's rules apply)")
+            valid = nvfp4kv.with_format(valid, format)
+            fp8 = [i for i, layer in enumerate(json.loads(valid.format_json)["layers"])
+                   if "fp8_e4m3" in (layer["k"]["element"], layer["v"]["element"])]
+            if fp8:  # refused here, before any step, rather than at the first store
+                raise nvfp4kv.UnsupportedError(
+                    "KVCache: the format stores FP8 in layer(s) %s; layouts place NVFP4 pages only so far, so a "
+                    "cache cannot hold FP8 yet (the format and calibration files describe it already)" % fp8)
         # The writer stores, the reader attends: one nvfp4kv cache, unless a test stages a reader
         # that disagrees with the writer (over the same buffers) to prove it is caught.
         self.writer = nvfp4kv.Cache(valid, "cpu" if self.device.type == "cpu" else str(self.device))
@@ -302,8 +328,9 @@ class KVCache(Cache):
         raise NotImplementedError("nvfp4kv.transformers.KVCache: crop (assisted decoding) is not supported")
 
     def bytes_per_token(self) -> float:
-        """Cache bytes per token, all layers: K and V data and scales (9 D / 16 per head and side)."""
-        return self.layers_count * self.kv_heads * 2 * self.head_dim * 9 / 16
+        """Cache bytes per token, all layers: K and V data and scales (9 D / 16 per head and side
+        for NVFP4; the format's bits per value where it has one)."""
+        return self.layers_count * self.kv_heads * 2 * self.head_dim * self.writer.layout.bits_per_value / 8
 
     # ---- reading ----------------------------------------------------------------------------
     def gather(self, layer: int, dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:

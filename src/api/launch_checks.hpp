@@ -35,6 +35,35 @@ inline Result gpu_cache_checks(const ValidLayout& layout, const CacheBuffers& bu
   return {};
 }
 
+// The kernels read and write plain NVFP4 only so far: a layer whose format holds FP8, a
+// rotation or K smoothing is refused (never read as if it were plain), and the store
+// kernel takes one scale rule for K and V. On success *rule (store only) is the rule the
+// kernel must use: the format's, or the call's where the layout has no format.
+inline Result format_checks(const ValidLayout& layout, int64_t layer, const char* who, ScaleRule* rule = nullptr) {
+  const CacheFormat& f = layout.format();
+  if (f.implicit()) return {};
+  const auto unsupported = [&](const std::string& why) {
+    return Result{Status::kUnsupported, std::string(who) + ": layer " + std::to_string(layer) + " of the layout's format " +
+                                            why + "; the GPU kernels implement plain NVFP4 only so far (the CPU "
+                                            "reference implements every format)"};
+  };
+  if (f.has_k_mean()) return unsupported("smooths K (format.k_mean)");
+  const LayerFormat l = f.layer(layer);
+  for (Side s : {Side::kK, Side::kV}) {
+    const char* name = s == Side::kK ? "K" : "V";
+    if (l.side(s).element != ElementFormat::kNvfp4)
+      return unsupported(std::string("stores ") + name + " as " + element_format_name(l.side(s).element));
+    if (l.side(s).rotation != kNoRotation) return unsupported(std::string("rotates ") + name);
+  }
+  if (rule) {
+    if (l.k.rule != l.v.rule)
+      return unsupported(std::string("uses scale rule ") + scale_rule_name(l.k.rule) + " for K and " +
+                         scale_rule_name(l.v.rule) + " for V (the store kernel takes one rule)");
+    *rule = l.k.rule;
+  }
+  return {};
+}
+
 inline Result from_cuda(cudaError_t e, const char* who) {
   if (e == cudaSuccess) return {};
   return {Status::kCudaError, std::string(who) + ": " + cudaGetErrorString(e)};

@@ -17,6 +17,7 @@ Result prefill_attention(const ValidLayout& layout, const CacheBuffers& buffers,
   const char* who = "prefill_attention";
   if (std::string p = prefill_problem(layout, buffers, a); !p.empty()) return api::invalid(who, p);
   if (Result r = api::gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
+  if (Result r = api::format_checks(layout, a.layer, who); !r.ok()) return r;
   if (a.q_type != ElementType::kBFloat16 && a.q_type != ElementType::kFloat16)
     return api::invalid(who, std::string("the query must be bf16 or fp16, got ") + element_type_name(a.q_type));
   if (a.batch.batch == 0) return {};
@@ -89,6 +90,7 @@ Result mixed_attention(const ValidLayout& layout, const CacheBuffers& buffers, c
   for (const AttentionRun& run : runs) whole.max_q_len = std::max(whole.max_q_len, run.max_q_len);
   // Every argument checked once for the whole batch before any launch.
   if (std::string p = prefill_problem(layout, buffers, whole); !p.empty()) return api::invalid(who, p);
+  if (Result r = api::format_checks(layout, whole.layer, who); !r.ok()) return r;
   for (const AttentionRun& run : runs) {
     const Result r = run.decode ? decode_attention(layout, buffers, decode_run(layout, m, run), stream)
                                 : prefill_attention(layout, buffers, prefill_run(m, run), stream);

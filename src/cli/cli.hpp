@@ -136,6 +136,7 @@ int run_layout(const std::vector<std::string>& argv);
 int run_roundtrip(const std::vector<std::string>& argv);
 int run_bench(const std::vector<std::string>& argv);
 int run_conformance(const std::vector<std::string>& argv);
+int run_calibrate(const std::vector<std::string>& argv);
 
 // The round trip's table; returns whether it passed.
 bool print_roundtrip(const harness::RoundtripReport& report, std::ostream& out);

@@ -31,8 +31,11 @@ const CommandSpec& show_spec() {
       "layout show", "LAYOUT",
       "Print a layout's provenance, regions, sizes, capacity, its check and a byte map of one page.",
       with_sizes({{"layer", "L", "the layer whose page the byte map draws (default 0)"},
-                  {"page", "P", "the page the byte map draws (default 0)"}}),
-      "With --json, \"layout_json\" holds the layout with every number evaluated: a file `layout check` loads."};
+                  {"page", "P", "the page the byte map draws (default 0)"},
+                  {"format", "FILE", "the cache's format (docs/format.md, \"Cache formats\"), checked against the "
+                                     "layout's sizes and printed with its bits per value"}}),
+      "With --json, \"layout_json\" holds the layout with every number evaluated: a file `layout check` loads;\n"
+      "\"format\" the cache's format (plain NVFP4 without --format) and its bits per value."};
   return s;
 }
 const CommandSpec& check_spec() {
@@ -125,6 +128,12 @@ int cmd_show(const Args& a) {
   // Drawn first: a page that cannot be drawn is refused before anything is printed.
   const std::string map = a.flag("json") ? "" : byte_map(l, a.integer("layer").value_or(0), a.integer("page").value_or(0));
   const CheckResult res = check(l);
+  // Checked against the layout's sizes before anything is printed (exit 2 when it does not fit).
+  CacheFormat format;
+  if (const auto path = a.get("format")) {
+    format = load_format(*path);
+    if (std::string p = format_problem(format, l.dims); !p.empty()) throw LayoutError(*path + ": " + p);
+  }
   if (a.flag("json")) {
     Json buffers = Json::array();
     for (const Buffer& b : l.buffers) buffers.push_back({{"name", b.name}, {"bytes", b.bytes}, {"per_layer", b.per_layer}});
@@ -139,7 +148,10 @@ int cmd_show(const Args& a) {
                           {"total_bytes", l.total_bytes()},
                           {"bytes_per_token_per_layer", double(l.total_bytes()) / double(cells * l.dims.layers)},
                           {"check", check_json(res.report)},
-                          {"layout_json", layout_json(l)}});
+                          {"layout_json", layout_json(l)},
+                          {"format", {{"implicit", format.implicit()},
+                                      {"bits_per_value", bits_per_value(format, l.dims.layers)},
+                                      {"format_json", Json::parse(format_to_json(format))}}}});
     return verdict_code(res.report);
   }
   print_assumed(ld.assumed);
@@ -147,6 +159,7 @@ int cmd_show(const Args& a) {
   if (!l.summary.empty()) std::cout << "         " << l.summary << "\n";
   std::cout << provenance_text(l.provenance, "         ", true);
   print_regions(l, &res.report);
+  std::cout << "format\n" << format_text(format, l.dims);
   std::cout << "check    " << res.report.summary() << "\n\n" << map;
   return verdict_code(res.report);
 }

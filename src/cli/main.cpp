@@ -11,7 +11,7 @@
 
 namespace {
 
-const std::vector<std::string> kCommands = {"demo", "layout", "roundtrip", "bench", "conformance", "help"};
+const std::vector<std::string> kCommands = {"demo", "layout", "roundtrip", "bench", "conformance", "calibrate", "help"};
 
 void usage(std::FILE* to) {
   std::fputs(
@@ -29,6 +29,7 @@ void usage(std::FILE* to) {
       "  nvfp4kv conformance gen --layout LAYOUT [sizes] --out DIR   inputs for an engine's own writer and reader\n"
       "  nvfp4kv conformance check-write --layout LAYOUT --dir DIR --cache BUFFER=FILE ...   check its writer\n"
       "  nvfp4kv conformance check-read --layout LAYOUT --dir DIR (--k FILE --v FILE | --out FILE)   its reader\n"
+      "  nvfp4kv calibrate --samples FILE.npz --bits B --out FILE   per-layer cache format from K/V samples\n"
       "  nvfp4kv bench decode [options]             time decode attention on the GPU\n"
       "  nvfp4kv --version                          the version, its CUDA version and GPU targets (or CPU only)\n"
       "\n"
@@ -50,6 +51,7 @@ int (*runner(const std::string& cmd))(const std::vector<std::string>&) {
   if (cmd == "roundtrip") return run_roundtrip;
   if (cmd == "bench") return run_bench;
   if (cmd == "conformance") return run_conformance;
+  if (cmd == "calibrate") return run_calibrate;
   return nullptr;
 }
 

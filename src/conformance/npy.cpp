@@ -6,6 +6,7 @@
 
 #include "nvfp4kv/core/error.hpp"
 #include "nvfp4kv/core/files.hpp"
+#include "nvfp4kv/core/layout.hpp"
 
 namespace nvfp4kv::conformance {
 namespace {
@@ -99,13 +100,31 @@ bool float_kind(const std::string& descr) {
 
 const char* kFloatKinds = "float32, float16 or bfloat16 (bf16 as '<u2'/'<i2' bit patterns or a 2-byte void type)";
 
-// read_npy, refusing data past `max_data_bytes` and, given `want_shape`, any other shape, and with
-// `floats_only` any type npy_to_floats does not take: all before the data is read.
-NpyArray read_npy_bounded(const std::string& path, int64_t max_data_bytes, const std::vector<int64_t>* want_shape,
-                          bool floats_only, const std::string& what) {
-  // A regular file only (a FIFO or a device is refused unopened); its size, from fstat, must be
-  // the header's plus the shape's before a byte of the data is read or allocated.
-  RegularFile in(path, what);
+// An .npy held in memory (a member of an .npz), read as RegularFile reads a file.
+class MemorySource {
+ public:
+  MemorySource(const uint8_t* data, int64_t size, std::string label) : data_(data), size_(size), label_(std::move(label)) {}
+  int64_t size() const { return size_; }
+  int64_t remaining() const { return size_ - position_; }
+  void read(void* to, int64_t bytes) {
+    if (bytes > remaining()) throw ArgumentError(label_ + ": truncated");
+    std::memcpy(to, data_ + position_, size_t(bytes));
+    position_ += bytes;
+  }
+  const std::string& label() const { return label_; }
+
+ private:
+  const uint8_t* data_;
+  int64_t size_, position_ = 0;
+  std::string label_;
+};
+
+// read_npy from `in` (a RegularFile or a MemorySource), refusing data past `max_data_bytes`
+// and, given `want_shape`, any other shape, and with `floats_only` any type npy_to_floats does
+// not take: all before the data is read. The size must be the header's plus the shape's before
+// a byte of the data is read or allocated.
+template <class Source>
+NpyArray read_npy_from(Source& in, int64_t max_data_bytes, const std::vector<int64_t>* want_shape, bool floats_only) {
   const std::string& name = in.label();
   char head[10];
   if (in.size() < 10) throw ArgumentError(name + " is not a .npy file");
@@ -166,6 +185,17 @@ NpyArray read_npy_bounded(const std::string& path, int64_t max_data_bytes, const
   return a;
 }
 
+// A regular file only (a FIFO or a device is refused unopened), sized from fstat.
+NpyArray read_npy_bounded(const std::string& path, int64_t max_data_bytes, const std::vector<int64_t>* want_shape,
+                          bool floats_only, const std::string& what) {
+  RegularFile in(path, what);
+  return read_npy_from(in, max_data_bytes, want_shape, floats_only);
+}
+
+uint32_t le32(const uint8_t* p) { return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24; }
+uint16_t le16(const uint8_t* p) { return uint16_t(p[0] | p[1] << 8); }
+uint64_t le64(const uint8_t* p) { return uint64_t(le32(p)) | uint64_t(le32(p + 4)) << 32; }
+
 }  // namespace
 
 NpyArray read_npy(const std::string& path) { return read_npy_bounded(path, kMaxNpyBytes, nullptr, false, ""); }
@@ -174,6 +204,40 @@ std::vector<float> read_npy_floats(const std::string& path, const std::vector<in
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return npy_to_floats(read_npy_bounded(path, 4 * n, &shape, true, what), what + " (" + path + ")");
+}
+
+std::vector<NpzMember> read_npz(const std::string& path, int64_t max_bytes, const std::string& what) {
+  const std::vector<uint8_t> zip = read_regular_file(path, max_bytes, what);
+  const std::string name = what + " (" + path + ")";
+  std::vector<NpzMember> out;
+  size_t at = 0;
+  // Local file headers in order (numpy.savez writes one per array, then the central directory).
+  while (at + 4 <= zip.size() && le32(&zip[at]) == 0x04034b50u) {
+    if (at + 30 > zip.size()) throw ArgumentError(name + ": truncated .npz (zip) entry header");
+    const uint8_t* h = &zip[at];
+    const uint16_t flags = le16(h + 6), method = le16(h + 8), name_len = le16(h + 26), extra_len = le16(h + 28);
+    uint64_t size = le32(h + 18), raw = le32(h + 22);
+    if (at + 30 + name_len + extra_len > zip.size()) throw ArgumentError(name + ": truncated .npz (zip) entry header");
+    std::string member(reinterpret_cast<const char*>(h + 30), name_len);
+    for (size_t e = at + 30 + name_len; e + 4 <= at + 30 + name_len + extra_len;) {  // the ZIP64 sizes
+      const uint16_t id = le16(&zip[e]), len = le16(&zip[e + 2]);
+      if (id == 1 && len >= 16 && e + 4 + 16 <= zip.size()) raw = le64(&zip[e + 4]), size = le64(&zip[e + 12]);
+      e += 4 + size_t(len);
+    }
+    if (method != 0)
+      throw ArgumentError(name + ": member " + quote_text(member) +
+                          " is compressed; save the samples with numpy.savez (not savez_compressed)");
+    if (flags & 8) throw ArgumentError(name + ": member " + quote_text(member) + " has no sizes in its header");
+    const size_t data = at + 30 + name_len + extra_len;
+    if (size != raw || size > zip.size() - data) throw ArgumentError(name + ": member " + quote_text(member) + " is truncated");
+    if (member.size() < 5 || member.substr(member.size() - 4) != ".npy")
+      throw ArgumentError(name + ": member " + quote_text(member) + " is not an .npy array");
+    MemorySource source(&zip[data], int64_t(size), name + " member " + member);
+    out.push_back({member.substr(0, member.size() - 4), read_npy_from(source, max_bytes, nullptr, true)});
+    at = data + size;
+  }
+  if (out.empty()) throw ArgumentError(name + " is not an .npz file (no zip entries)");
+  return out;
 }
 
 NpyArray npy_f32(const std::vector<float>& v, std::vector<int64_t> shape) { return npy_of(v, "<f4", std::move(shape)); }

@@ -23,6 +23,7 @@ constexpr size_t kMaxDepth = 32;
 constexpr size_t kMaxNameBytes = 128;
 
 using detail::json_excerpt;
+using detail::require_keys;
 
 json parse_strict(std::string_view text) {
   try {
@@ -50,18 +51,6 @@ std::string expr_text(const json& v, const std::string& where) {
   throw LayoutError(where + ": expected an integer or an expression string, got " + json_excerpt(v));
 }
 
-void require_keys(const json& obj, std::initializer_list<const char*> allowed, const std::string& where) {
-  if (!obj.is_object()) throw LayoutError(where + ": expected an object, got " + json_excerpt(obj));
-  for (auto it = obj.begin(); it != obj.end(); ++it) {
-    bool known = false;
-    for (const char* k : allowed) known |= it.key() == k;
-    if (!known) {
-      std::string list;
-      for (const char* k : allowed) list += std::string(list.empty() ? "" : ", ") + k;
-      throw LayoutError(where + ": unknown key " + quote_text(it.key()) + " (allowed: " + list + ")");
-    }
-  }
-}
 
 // A token or column mode: an expression (a plain stride) or
 // {"inner": E, "stride": [inner stride, stride]}.

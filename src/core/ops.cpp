@@ -47,6 +47,15 @@ std::string store_problem(const ValidLayout& layout, const CacheBuffers& buffers
   if (std::string p = scales_problem(a.k_global_scale, a.v_global_scale); !p.empty()) return p;
   const CacheDims& d = layout.layout().dims;
   if (a.rows.tokens < 0) return "negative token count " + std::to_string(a.rows.tokens);
+  // A format fixes the scale rules; the call's rule may only repeat them (or stay at the default).
+  if (const CacheFormat& f = layout.format(); !f.implicit() && a.rule != ScaleRule::kStandard) {
+    const LayerFormat lf = f.layer(a.layer);
+    for (Side s : {Side::kK, Side::kV})
+      if (lf.side(s).rule != a.rule)
+        return std::string("rule: the call asks for ") + scale_rule_name(a.rule) + " but the layout's format stores " +
+               (s == Side::kK ? "K" : "V") + " of layer " + std::to_string(a.layer) + " with " +
+               scale_rule_name(lf.side(s).rule) + " (the format's rules apply; leave the call's rule at standard)";
+  }
   if (a.rows.tokens == 0) return "";
   if (!a.rows.k || !a.rows.v || !a.slots) return "K rows, V rows and slots are required";
   if (a.rows.token_stride < d.heads * d.head_dim)

@@ -100,4 +100,17 @@ json parse_json_strict(std::string_view text, const JsonBounds& b) {
   }
 }
 
+void require_keys(const nlohmann::json& obj, std::initializer_list<const char*> allowed, const std::string& where) {
+  if (!obj.is_object()) throw LayoutError(where + ": expected an object, got " + json_excerpt(obj));
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    bool known = false;
+    for (const char* k : allowed) known |= it.key() == k;
+    if (!known) {
+      std::string list;
+      for (const char* k : allowed) list += std::string(list.empty() ? "" : ", ") + k;
+      throw LayoutError(where + ": unknown key " + quote_text(it.key()) + " (allowed: " + list + ")");
+    }
+  }
+}
+
 }  // namespace nvfp4kv::detail

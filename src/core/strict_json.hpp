@@ -23,4 +23,8 @@ nlohmann::json parse_json_strict(std::string_view text, const JsonBounds& bounds
 // A value as an error message shows it: compact JSON, ASCII only, cut short.
 std::string json_excerpt(const nlohmann::json& v);
 
+// Throws LayoutError unless obj is an object whose keys are all in `allowed` ("WHERE:
+// unknown key "x" (allowed: a, b)"): a typo never silently becomes a default.
+void require_keys(const nlohmann::json& obj, std::initializer_list<const char*> allowed, const std::string& where);
+
 }  // namespace nvfp4kv::detail

@@ -143,7 +143,16 @@ void bind_layouts(nb::module_& m) {
       .def_prop_ro("report", &ValidLayout::report)
       .def_prop_ro("name", [](const ValidLayout& v) { return v.layout().name; })
       .def_prop_ro("dims", [](const ValidLayout& v) { return v.layout().dims; })
+      .def_prop_ro("format_json", [](const ValidLayout& v) { return format_to_json(v.format()); },
+                   "The cache format it carries, as JSON text (docs/format.md, \"Cache formats\").")
+      .def_prop_ro("bits_per_value", [](const ValidLayout& v) { return bits_per_value(v.format(), v.layout().dims.layers); },
+                   "Bits per stored value under its format (4.5 for plain NVFP4).")
       .def("__repr__", [](const ValidLayout& v) { return "<ValidLayout '" + v.layout().name + "'>"; });
+
+  m.def(
+      "_with_format", [](const ValidLayout& v, std::string_view text) { return with_format(v, parse_format(text)); },
+      "layout"_a, "format_json"_a,
+      "The layout with a cache format attached (JSON text), checked against its sizes; raises naming the field.");
 
   m.def(
       "check",

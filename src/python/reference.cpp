@@ -1,5 +1,6 @@
 // The CPU reference for NumPy (and any CPU DLPack array): quantize dense
 // (tokens, heads, D) tensors to E2M1 bytes and E4M3 scales, and back.
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
@@ -9,6 +10,7 @@
 #include "arrays.hpp"
 #include "bindings.hpp"
 #include "nvfp4kv/core/global_scale.hpp"
+#include "nvfp4kv/reference/calibrate.hpp"
 #include "nvfp4kv/reference/quantize.hpp"
 
 namespace nb = nanobind;
@@ -39,6 +41,38 @@ const Place kHost{};
 }  // namespace
 
 void bind_reference(nb::module_& m) {
+  m.def(
+      "_calibrate",
+      [](const std::map<std::string, Array>& named, double bits) {
+        std::map<std::string, reference::SampleArray> arrays;
+        for (const auto& [name, array] : named) {
+          const ArrayFacts x(array);
+          require_place(x, name, kHost);
+          require_dtype(x, name, {DType::kFloat32});
+          require_contiguous(x, name);
+          reference::SampleArray& a = arrays[name];
+          a.shape.assign(x.shape.begin(), x.shape.end());
+          int64_t n = 1;
+          for (int64_t d : a.shape) n *= d;
+          const float* p = static_cast<const float*>(x.data);
+          a.values.assign(p, p + n);
+        }
+        nb::gil_scoped_release unlocked;
+        return calibration_to_json(reference::calibrate(reference::samples_from_arrays(arrays, "samples"), bits));
+      },
+      "arrays"_a, "bits"_a, "Calibration JSON from named float32 arrays k_L, v_L (and q_L).");
+  m.def(
+      "_load_calibration",
+      [](const std::string& path, int64_t layers, int64_t heads, int64_t head_dim) {
+        const Calibration c = load_calibration(path);
+        if (layers > 0)
+          if (std::string why = calibration_mismatch(c, layers, heads, head_dim); !why.empty())
+            throw ArgumentError(path + ": " + why);
+        return calibration_to_json(c);
+      },
+      "path"_a, "layers"_a = 0, "heads"_a = 0, "head_dim"_a = 0,
+      "A calibration file, checked (and against a cache's sizes when given), as normalized JSON.");
+
   m.def(
       "quantize",
       [](const Array& array, float global_scale, const std::string& rule) {

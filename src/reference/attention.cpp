@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "nvfp4kv/reference/transform.hpp"
+
 namespace nvfp4kv::reference {
 
 void attend(const double* q, int64_t q_heads, const double* k, const double* v, int64_t tokens, int64_t kv_heads,
@@ -18,6 +20,7 @@ void attend(const double* q, int64_t q_heads, const double* k, const double* v, 
     for (int64_t t = first; t < tokens; ++t) {
       double dot = 0;
       for (int64_t e = 0; e < dim; ++e) dot += q[h * dim + e] * k[(t * kv_heads + kvh) * dim + e];
+      if (o.score_bias) dot += o.score_bias[h];
       double z = dot * o.softmax_scale;
       if (o.softcap > 0) z = o.softcap * std::tanh(z / o.softcap);
       logit[size_t(t)] = z;
@@ -79,17 +82,32 @@ SequenceKv sequence_kv(const Layout& l, const CacheBuffers& buffers, const Batch
 }
 
 // One query row (q_heads, D), element `at` of q on, against the first `tokens`
-// tokens of kv; NaN everywhere when the sequence is poisoned.
+// tokens of kv as the cache holds them (layer `layer` of `format`); NaN everywhere
+// when the sequence is poisoned. The cache holds H(k - mu) and H v: so
+// q.k = (H q).(H(k - mu)) + q.mu, and the output comes back from V's basis with H
+// (its own inverse).
 void attend_row(const void* q, ElementType type, int64_t at, int64_t q_heads, const SequenceKv& kv, int64_t tokens,
-                const CacheDims& d, const AttentionOptions& o, bool poisoned, double* out, double* lse) {
+                const CacheDims& d, const CacheFormat& format, int64_t layer, AttentionOptions o, bool poisoned,
+                double* out, double* lse) {
+  const int64_t dim = d.head_dim;
   if (poisoned) {
-    std::fill(out, out + q_heads * d.head_dim, std::numeric_limits<double>::quiet_NaN());
+    std::fill(out, out + q_heads * dim, std::numeric_limits<double>::quiet_NaN());
     std::fill(lse, lse + q_heads, std::numeric_limits<double>::quiet_NaN());
     return;
   }
-  std::vector<double> row(static_cast<size_t>(q_heads * d.head_dim));
+  std::vector<double> row(static_cast<size_t>(q_heads * dim));
   for (size_t i = 0; i < row.size(); ++i) row[i] = element_to_float(q, at + int64_t(i), type);
-  attend(row.data(), q_heads, kv.k.data(), kv.v.data(), tokens, d.heads, d.head_dim, o, out, lse);
+  const TensorFormat k_format = format.layer(layer).k, v_format = format.layer(layer).v;
+  std::vector<double> bias(size_t(q_heads), 0.0);
+  const int64_t group = q_heads / d.heads;
+  for (int64_t h = 0; h < q_heads; ++h) {
+    if (const float* mu = format.k_mean_row(d, layer, h / group))
+      for (int64_t e = 0; e < dim; ++e) bias[size_t(h)] += row[size_t(h * dim + e)] * double(mu[e]);
+    rotate_row_f64(k_format, dim, row.data() + h * dim);
+  }
+  o.score_bias = format.has_k_mean() ? bias.data() : nullptr;
+  attend(row.data(), q_heads, kv.k.data(), kv.v.data(), tokens, d.heads, dim, o, out, lse);
+  for (int64_t h = 0; h < q_heads; ++h) rotate_row_f64(v_format, dim, out + h * dim);
 }
 
 struct GlobalScales {
@@ -110,6 +128,8 @@ DecodeResult decode_attention(const ValidLayout& valid, const CacheBuffers& buff
   if (std::string p = decode_problem(valid, buffers, a); !p.empty())
     throw ArgumentError("reference::decode_attention: " + p);
   if (!reference_type(a.q_type)) throw ArgumentError("reference::decode_attention: unsupported query type");
+  if (std::string p = paged_format_problem(valid.format(), a.layer); !p.empty())
+    throw ArgumentError("reference::decode_attention: " + p);
   const CacheDims& d = valid.layout().dims;
   const int64_t q_stride = a.q_token_stride ? a.q_token_stride : a.q_heads * d.head_dim;
   DecodeResult r;
@@ -127,8 +147,9 @@ DecodeResult decode_attention(const ValidLayout& valid, const CacheBuffers& buff
       kv = sequence_kv(valid.layout(), buffers, a.batch, s, a.layer, first, len.tokens, gs.k, gs.v, a.status);
       poisoned = kv.bad_page;
     }
-    attend_row(a.q, a.q_type, s * q_stride, a.q_heads, kv, len.tokens, d, {a.softmax_scale, a.window, a.softcap, a.sinks},
-               poisoned, r.out.data() + s * a.q_heads * d.head_dim, r.lse.data() + s * a.q_heads);
+    attend_row(a.q, a.q_type, s * q_stride, a.q_heads, kv, len.tokens, d, valid.format(), a.layer,
+               {a.softmax_scale, a.window, a.softcap, a.sinks}, poisoned, r.out.data() + s * a.q_heads * d.head_dim,
+               r.lse.data() + s * a.q_heads);
   }
   return r;
 }
@@ -137,6 +158,8 @@ PrefillResult prefill_attention(const ValidLayout& valid, const CacheBuffers& bu
   if (std::string p = prefill_problem(valid, buffers, a); !p.empty())
     throw ArgumentError("reference::prefill_attention: " + p);
   if (!reference_type(a.q_type)) throw ArgumentError("reference::prefill_attention: unsupported query type");
+  if (std::string p = paged_format_problem(valid.format(), a.layer); !p.empty())
+    throw ArgumentError("reference::prefill_attention: " + p);
   const CacheDims& d = valid.layout().dims;
   const int64_t q_stride = a.q_token_stride ? a.q_token_stride : a.q_heads * d.head_dim;
   int64_t rows = 0;
@@ -163,7 +186,7 @@ PrefillResult prefill_attention(const ValidLayout& valid, const CacheBuffers& bu
     // tokens (attend's window counts back from the last of them).
     for (int64_t i = 0; i < q_len; ++i) {
       const int64_t row = a.cu_seqlens_q[s] + i;
-      attend_row(a.q, a.q_type, row * q_stride, a.q_heads, kv, len.tokens - q_len + i + 1, d,
+      attend_row(a.q, a.q_type, row * q_stride, a.q_heads, kv, len.tokens - q_len + i + 1, d, valid.format(), a.layer,
                  {a.softmax_scale, a.window, a.softcap, a.sinks}, poisoned, r.out.data() + row * a.q_heads * d.head_dim,
                  r.lse.data() + row * a.q_heads);
     }

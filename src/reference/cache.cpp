@@ -1,5 +1,7 @@
 #include "nvfp4kv/reference/cache.hpp"
 
+#include "nvfp4kv/reference/transform.hpp"
+
 #include <cmath>
 #include <limits>
 #include <string>
@@ -37,8 +39,12 @@ void write_element(void* out, int64_t index, ElementType type, float x) {
 
 void store(const ValidLayout& valid, const CacheBuffers& buffers, const StoreArgs& a) {
   require(store_problem(valid, buffers, a), "reference::store");
+  const CacheFormat& format = valid.format();
+  require(paged_format_problem(format, a.layer), "reference::store");
   const Layout& l = valid.layout();
   const CacheDims& d = l.dims;
+  const LayerFormat layer_format = format.layer(a.layer);
+  std::vector<float> row(size_t(d.head_dim));
   const int64_t capacity = d.pages * d.tokens_per_page;
   const float kgs = *a.k_global_scale, vgs = *a.v_global_scale;
   for (int64_t i = 0; i < a.rows.tokens; ++i) {
@@ -59,13 +65,15 @@ void store(const ValidLayout& valid, const CacheBuffers& buffers, const StoreArg
     for (Side side : {Side::kK, Side::kV}) {
       const SideRegions reg = side_regions(side);
       const float gs = *a.global_scale(side);
-      for (int64_t h = 0; h < d.heads; ++h)
+      const ScaleRule rule = format.implicit() ? a.rule : layer_format.side(side).rule;
+      for (int64_t h = 0; h < d.heads; ++h) {
+        for (int64_t e = 0; e < d.head_dim; ++e)
+          row[size_t(e)] = element_to_float(a.rows.side(side), i * a.rows.token_stride + h * d.head_dim + e, a.type);
+        int64_t non_finite = 0;
+        transform_row(format, d, a.layer, side, h, row.data(), &non_finite);
+        count(a.status, &DeviceStatus::non_finite, (unsigned long long)non_finite);
         for (int64_t g = 0; g < d.scale_bytes(); ++g) {
-          float x[kBlockSize];
-          for (int e = 0; e < kBlockSize; ++e)
-            x[e] = element_to_float(a.rows.side(side), i * a.rows.token_stride + h * d.head_dim + g * kBlockSize + e,
-                                    a.type);
-          const QuantizedBlock q = quantize_block(x, gs, a.rule);
+          const QuantizedBlock q = quantize_block(row.data() + g * kBlockSize, gs, rule);
           count(a.status, &DeviceStatus::non_finite, q.non_finite);
           Coord c{a.layer, slot / d.tokens_per_page, slot % d.tokens_per_page, h, g};
           *element_address(l, buffers, reg.scale, c) = q.scale;
@@ -74,14 +82,18 @@ void store(const ValidLayout& valid, const CacheBuffers& buffers, const StoreArg
             *element_address(l, buffers, reg.data, c) = q.packed[j];
           }
         }
+      }
     }
   }
 }
 
 void gather(const ValidLayout& valid, const CacheBuffers& buffers, const GatherArgs& a) {
   require(gather_problem(valid, buffers, a), "reference::gather");
+  const CacheFormat& format = valid.format();
+  require(paged_format_problem(format, a.layer), "reference::gather");
   const Layout& l = valid.layout();
   const CacheDims& d = l.dims;
+  std::vector<double> values(size_t(d.head_dim));
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const bool scales_ok = global_scale_usable(*a.k_global_scale) && global_scale_usable(*a.v_global_scale);
   const int64_t row = d.heads * d.head_dim;
@@ -110,15 +122,20 @@ void gather(const ValidLayout& valid, const CacheBuffers& buffers, const GatherA
         }
         const SideRegions reg = side_regions(side);
         for (int64_t t = 0; t < tokens; ++t)
-          for (int64_t h = 0; h < d.heads; ++h)
+          for (int64_t h = 0; h < d.heads; ++h) {
             for (int64_t e = 0; e < d.head_dim; ++e) {
               const Coord cd{a.layer, page, t, h, e / 2};
               const Coord cs{a.layer, page, t, h, e / kBlockSize};
               const uint8_t byte = *element_address(l, buffers, reg.data, cd);
               const uint8_t sf = *element_address(l, buffers, reg.scale, cs);
-              write_element(a.out(side), (begin + first + t) * row + h * d.head_dim + e, a.out_type,
-                            dequantize_element(byte, int(e % 2), sf, gs));
+              values[size_t(e)] = dequantize_element(byte, int(e % 2), sf, gs);
             }
+            // Without a transform this is the identity and each value is written exactly as decoded.
+            if (!a.stored_values) restore_row_f64(format, d, a.layer, side, h, values.data());
+            for (int64_t e = 0; e < d.head_dim; ++e)
+              write_element(a.out(side), (begin + first + t) * row + h * d.head_dim + e, a.out_type,
+                            float(values[size_t(e)]));
+          }
       }
     }
   }

@@ -55,6 +55,15 @@ expect 0 "round trip: PASS" "$bin" roundtrip --layout vllm-legacy-nhd --cpu-only
 # A layout file of one's own, with a typo: named, not defaulted.
 sed 's/"token": "dd"/"tokn": "dd"/' "$(dirname "$0")/../../layouts/vllm-legacy-hnd-writer-sm12x.json" > "$tmp/typo.json"
 expect 2 'unknown key "tokn"' "$bin" layout check "$tmp/typo.json" $small
+# A cache format: printed with its bits per value, checked against the layout's sizes.
+echo '{"nvfp4kv_format": 1, "layers": [{"k": {"element": "fp8_e4m3"}, "v": {"rule": "4over6", "rotation": 64}}]}' > "$tmp/format.json"
+expect 0 "layer 0: K fp8_e4m3; V nvfp4 4over6, rotation 64 \(6.25 bits\)" "$bin" layout show nvfp4kv-native $small --format "$tmp/format.json"
+expect 0 "plain NVFP4 for K and V in every layer" "$bin" layout show nvfp4kv-native $small
+expect 2 "format.layers\[0\].v.rotation: 64 does not divide the head dim 80" "$bin" layout show nvfp4kv-native --heads 1 --head-dim 80 --tokens-per-page 16 --pages 1 --format "$tmp/format.json"
+echo '{"nvfp4kv_format": 1, "k_mean": [1, 2]}' > "$tmp/format-mu.json"
+expect 2 "format.k_mean: 2 values, expected \(layers 1, heads 1, D 128\) = 128" "$bin" layout show nvfp4kv-native $small --format "$tmp/format-mu.json"
+echo '{"nvfp4kv_format": 2}' > "$tmp/format-v2.json"
+expect 2 "format.nvfp4kv_format: version 2" "$bin" layout show nvfp4kv-native $small --format "$tmp/format-v2.json"
 
 # Hostile input (issue 9): each reproducer answers or is refused with work bounded by
 # construction (closed forms, counted steps, caps; the counts are in the messages), never by
@@ -228,6 +237,22 @@ expect 0 '"token_capacity": ' "$bin" layout plan --layers 32 --kv-heads 8 --head
 # --json for every command, valid against the schema.
 expect_json 0 "$bin" layout presets
 expect_json 0 "$bin" layout show trtllm $s2
+expect_json 0 "$bin" layout show nvfp4kv-native $small --format "$tmp/format.json"
+# calibrate: samples from numpy (where it is installed), shapes checked, nothing written on refusal.
+if python3 -c "import numpy" 2>/dev/null; then
+  python3 -c "
+import numpy as np, sys
+g = np.random.default_rng(0)
+a = {'%s_%d' % (s, l): g.standard_normal((64, 2, 32)).astype(np.float32) for s in 'kv' for l in range(4)}
+np.savez(sys.argv[1], **a)
+del a['v_3']
+np.savez(sys.argv[2], **a)" "$tmp/samples.npz" "$tmp/samples-missing.npz"
+  expect 0 "policy for 5 bits per value: 4.9375" "$bin" calibrate --samples "$tmp/samples.npz" --bits 5 --out "$tmp/cal.json"
+  expect_json 0 "$bin" calibrate --samples "$tmp/samples.npz" --bits 5 --out "$tmp/cal.json"
+  expect 2 "missing v_3" "$bin" calibrate --samples "$tmp/samples-missing.npz" --out "$tmp/cal-missing.json"
+  expect 2 "\[4.5, 8\]" "$bin" calibrate --samples "$tmp/samples.npz" --bits 3 --out "$tmp/cal-missing.json"
+  if [ -e "$tmp/cal-missing.json" ]; then fail=$((fail + 1)); echo "FAIL: a refused calibrate wrote its --out"; fi
+fi
 expect_json 1 "$bin" layout show vllm-packed-nhd-writer-sm12x $s2
 expect_json 0 "$bin" layout check nvfp4kv-native-layers --layers 4 $s2
 expect_json 1 "$bin" layout check vllm-packed-nhd-reader-sm120 $s2

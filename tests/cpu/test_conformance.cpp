@@ -188,6 +188,23 @@ TEST(ConformanceKit, FilesLoadBackAndRefuseAnotherLayoutOrAModifiedCache) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(ConformanceKit, RefusesFormatsItsSignaturesCannotCarry) {
+  const ValidLayout plain = layout_of("nvfp4kv-native");
+  CacheFormat f;
+  f.layers = {LayerFormat{}};
+  EXPECT_NO_THROW(generate(with_format(plain, f), {}));  // an explicit plain format is plain
+  f.layers[0].k.rotation = 32;
+  try {
+    generate(with_format(plain, f), {});
+    ADD_FAILURE() << "a kit was generated for a rotated cache";
+  } catch (const ArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("conformance kits cover plain NVFP4"), std::string::npos) << e.what();
+  }
+  f.layers[0].k.rotation = kNoRotation;
+  f.layers[0].v.rule = ScaleRule::kFourOverSix;
+  EXPECT_THROW(generate(with_format(plain, f), {}), ArgumentError);
+}
+
 TEST(CheckWrite, TheReferenceStoreIsExact) {
   const Kit kit = generate(layout_of("nvfp4kv-native"), {});
   const WriteReport r = check_write(kit, kit.cache);

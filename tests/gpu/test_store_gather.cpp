@@ -7,7 +7,9 @@
 #include <numeric>
 #include <random>
 
+#include "nvfp4kv/api/decode.hpp"
 #include "nvfp4kv/api/kv_cache.hpp"
+#include "nvfp4kv/api/prefill.hpp"
 #include "nvfp4kv/core/global_scale.hpp"
 #include "nvfp4kv/harness/device_buffer.hpp"
 #include "nvfp4kv/harness/workload.hpp"
@@ -353,6 +355,79 @@ TEST_F(Gpu, HostSideErrorsLaunchNothing) {
   EXPECT_EQ(r.status, Status::kInvalidArgument);
   EXPECT_NE(r.message.find("cu_seqlens"), std::string::npos) << r.message;
   NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// A format fixes the store's scale rule: the kernel takes it from the layout, not the call.
+TEST_F(Gpu, StoreTakesTheFormatsScaleRule) {
+  const ValidLayout plain = validate(instantiate(preset_spec("nvfp4kv-native"), {2, 8, 16, 2, 128}));
+  CacheFormat f;
+  f.layers = {LayerFormat{}};
+  f.layers[0].k.rule = f.layers[0].v.rule = ScaleRule::kFourOverSix;
+  std::vector<int64_t> slots(64);
+  std::iota(slots.begin(), slots.end(), 0);
+  store_and_gather(with_format(plain, f), 1, slots, ElementType::kBFloat16, ScaleRule::kStandard,
+                   harness::RowPattern::kNormal, true, 41);
+}
+
+// Formats the kernels do not implement are refused before anything is launched: never read
+// or written as if they were plain NVFP4.
+TEST_F(Gpu, FormatsTheKernelsLackAreRefused) {
+  const ValidLayout plain = validate(instantiate(preset_spec("nvfp4kv-native"), {2, 8, 16, 2, 64}));
+  const CacheDims& d = plain.layout().dims;
+  DeviceCache cache(plain.layout(), kPoison);
+  DeviceBuffer<uint16_t> rows(size_t(16 * d.heads * d.head_dim)), q(size_t(4 * d.head_dim)), out(q.size() * 2);
+  auto slots = DeviceBuffer<int64_t>::from({0});
+  auto table = DeviceBuffer<int32_t>::from({0, 1});
+  auto lengths = DeviceBuffer<int32_t>::from({0, 1});
+  auto scales = DeviceBuffer<float>::from({1.0f, 1.0f});
+  std::vector<std::pair<CacheFormat, std::string>> formats;
+  CacheFormat f;
+  f.layers = {LayerFormat{}};
+  f.layers[0].k.rotation = 64;
+  formats.emplace_back(f, "rotates K");
+  f.layers[0].k.rotation = kNoRotation;
+  f.layers[0].v.element = ElementFormat::kFp8E4M3;
+  formats.emplace_back(f, "stores V as fp8_e4m3");
+  f.layers[0].v.element = ElementFormat::kNvfp4;
+  f.k_mean.assign(size_t(d.layers * d.heads * d.head_dim), 0.25f);
+  formats.emplace_back(f, "smooths K");
+  for (const auto& [format, needle] : formats) {
+    const ValidLayout v = with_format(plain, format);
+    StoreArgs s{.rows = {rows.get(), rows.get(), 1, d.heads * d.head_dim}, .slots = slots.get(), .slots_are_int64 = true,
+                .k_global_scale = scales.get(), .v_global_scale = scales.get() + 1};
+    GatherArgs g{.batch = {.block_table = table.get(), .block_table_stride = 1, .cu_seqlens = lengths.get(), .batch = 1},
+                 .k_global_scale = scales.get(), .v_global_scale = scales.get() + 1, .k_out = rows.get(),
+                 .v_out = rows.get()};
+    DecodeArgs a{.q = q.get(), .q_heads = 4,
+                 .batch = {.block_table = table.get(), .block_table_stride = 1, .seq_lens = lengths.get() + 1, .batch = 1},
+                 .softmax_scale = 0.125f, .k_global_scale = scales.get(), .v_global_scale = scales.get() + 1,
+                 .out = out.get()};
+    PrefillArgs pa{.q = q.get(), .q_heads = 4, .cu_seqlens_q = lengths.get(), .max_q_len = 1,
+                   .batch = {.block_table = table.get(), .block_table_stride = 1, .seq_lens = lengths.get() + 1, .batch = 1},
+                   .softmax_scale = 0.125f, .k_global_scale = scales.get(), .v_global_scale = scales.get() + 1,
+                   .out = out.get()};
+    const int32_t q_lens[1] = {1};
+    for (const Result& r : {store(v, cache.view(), s, nullptr), gather(v, cache.view(), g, nullptr),
+                            decode_attention(v, cache.view(), a, nullptr), prefill_attention(v, cache.view(), pa, nullptr),
+                            mixed_attention(v, cache.view(), MixedBatch{.args = pa, .q_lens = q_lens}, nullptr)}) {
+      EXPECT_EQ(r.status, Status::kUnsupported) << r.message;
+      EXPECT_NE(r.message.find(needle), std::string::npos) << r.message;
+    }
+  }
+  // K and V with different rules: the store kernel takes one, so the store is refused; readers
+  // are not affected by the rule and run.
+  f = CacheFormat{};
+  f.layers = {LayerFormat{}};
+  f.layers[0].k.rule = ScaleRule::kFourOverSix;
+  const Result r = store(with_format(plain, f), cache.view(),
+                         {.rows = {rows.get(), rows.get(), 1, d.heads * d.head_dim}, .slots = slots.get(),
+                          .slots_are_int64 = true, .k_global_scale = scales.get(), .v_global_scale = scales.get() + 1},
+                         nullptr);
+  EXPECT_EQ(r.status, Status::kUnsupported) << r.message;
+  EXPECT_NE(r.message.find("4over6 for K and standard for V"), std::string::npos) << r.message;
+  NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+  for (const auto& buffer : cache.download())
+    EXPECT_EQ(std::count(buffer.begin(), buffer.end(), kPoison), std::ptrdiff_t(buffer.size())) << "a refused call wrote";
 }
 
 }  // namespace

@@ -102,3 +102,27 @@ def test_load_a_json_file(tmp_path):
     path = tmp_path / "mine.json"
     path.write_text(nvfp4kv.load("nvfp4kv-native", **DIMS).to_json())
     assert nvfp4kv.compare(nvfp4kv.load(str(path)), nvfp4kv.load("nvfp4kv-native", **DIMS)).agree
+
+
+def test_a_cache_format_is_attached_checked_and_carried(tmp_path):
+    import json as _json
+    import numpy as _np
+    valid = nvfp4kv.check(nvfp4kv.plan(layers=2, kv_heads=2, head_dim=64, pages=4).layout)
+    assert valid.bits_per_value == 4.5 and _json.loads(valid.format_json)["layers"] == []
+    fmt = {"layers": [{"k": {"element": "fp8_e4m3"}}, {"v": {"rule": "4over6", "rotation": "head"}}],
+           "k_mean": _np.zeros((2, 2, 64))}
+    with_fmt = nvfp4kv.with_format(valid, fmt)
+    assert with_fmt.bits_per_value == (6.25 + 4.5) / 2
+    doc = _json.loads(with_fmt.format_json)
+    assert doc["layers"][1]["v"] == {"element": "nvfp4", "rule": "4over6", "rotation": "head"}
+    assert len(doc["k_mean"]) == 2 * 2 * 64
+    path = tmp_path / "format.json"
+    path.write_text(with_fmt.format_json)
+    assert nvfp4kv.with_format(valid, str(path)).format_json == with_fmt.format_json
+    assert nvfp4kv.with_format(valid, with_fmt.format_json).format_json == with_fmt.format_json
+    for bad, field in [({"layers": [{"k": {"rotation": 128}}]}, r"format.layers\[0\].k.rotation: 128 does not divide"),
+                       ({"k_mean": _np.zeros(5)}, "format.k_mean: 5 values"),
+                       ({"k_mean": _np.full((2, 2, 64), _np.nan)}, r'format.k_mean\[0\]: expected a number, got "nan"'),
+                       ({"layers": [{}, {}, {}]}, "format.layers: 3 entries")]:
+        with pytest.raises(nvfp4kv.LayoutError, match=field):
+            nvfp4kv.with_format(valid, bad)

@@ -201,6 +201,85 @@ def test_a_reader_that_swaps_k_and_v_fails():
     assert relative_gap(got, want, mask) > 10 * TOLERANCE
 
 
+def hadamard_f32(x, n):
+    """The writer's rotation (docs/format.md): float32 butterflies of span 1, 2, 4, ... over
+    blocks of n of the last axis, then one multiplication by 1/sqrt(n) rounded to float32."""
+    y = x.astype(np.float32).reshape(x.shape[:-1] + (-1, n)).copy()
+    h = 1
+    while h < n:
+        z = y.reshape(y.shape[:-1] + (n // (2 * h), 2, h))
+        a, b = z[..., 0, :].copy(), z[..., 1, :].copy()
+        z[..., 0, :], z[..., 1, :] = a + b, a - b
+        h *= 2
+    k = int(np.log2(n))
+    scale = np.float32(2.0 ** -(k // 2)) * (np.float32(0.70710678118654752440) if k % 2 else np.float32(1))
+    return (y * scale).reshape(x.shape)
+
+
+def hadamard_matrix(n):
+    i = np.arange(n)
+    bits = np.bitwise_and(i[:, None], i[None, :])
+    parity = np.array([bin(v).count("1") % 2 for v in bits.reshape(-1)]).reshape(n, n)
+    return np.where(parity == 1, -1.0, 1.0) / np.sqrt(n)
+
+
+class TransformedReferenceCache(transformers.DynamicCache):
+    """ReferenceCache through a format: K - mu, then a Hadamard rotation of blocks of `rotation`
+    (in float32, as the writer), quantized and dequantized by nvfp4kv.reference, rotated back with
+    the Hadamard matrix written out and mu added, in float64: no layout, pages or gather."""
+
+    def __init__(self, config, mu, rotation, k_rule):
+        super().__init__(config=config)
+        self.mu, self.rotation, self.k_rule = mu, rotation, k_rule  # mu (layers, heads, D)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        n = self.rotation
+
+        def through(x, scale, rule, mu):
+            b, h, t, d = x.shape
+            rows = x.transpose(1, 2).to(torch.bfloat16).float().reshape(-1, h, d).numpy()
+            if mu is not None:
+                rows = (rows - mu[None].astype(np.float32)).astype(np.float32)
+            back = reference.dequantize(*reference.quantize(hadamard_f32(rows, n), scale, rule), scale)
+            back = back.astype(np.float64).reshape(-1, h, d // n, n) @ hadamard_matrix(n)
+            back = back.reshape(-1, h, d) + (0.0 if mu is None else mu[None].astype(np.float64))
+            return torch.from_numpy(back.astype(np.float32)).view(b, t, h, d).transpose(1, 2).to(x.dtype)
+
+        k = through(key_states, K_SCALE, self.k_rule, self.mu[layer_idx])
+        v = through(value_states, V_SCALE, "standard", None)
+        return super().update(k, v, layer_idx, *args, **kwargs)
+
+
+def test_a_format_with_rotation_and_smoothing_is_what_the_cache_stores_and_reads():
+    model = tiny("gemma2")  # soft-capping and a sliding window: q.mu must be added back exactly
+    layers, heads, dim = nt._kv_dims(model.config)
+    g = np.random.default_rng(4)
+    mu = (g.standard_normal((layers, heads, dim)) * 0.3).astype(np.float32)
+    fmt = {"layers": [{"k": {"rule": "4over6", "rotation": 32}, "v": {"rotation": 32}}], "k_mean": mu}
+    ids, mask = batch(model.config.vocab_size, [24, 17], 4)
+    chunks = [16, 8, 1, 1, 1, 1]
+    cache = make_cache(model, format=fmt)
+    assert cache.bytes_per_token() == layers * heads * 2 * dim * 4.5 / 8
+    got = run(model, cache, nt.NAME, ids, mask, chunks)
+    want = run(model, TransformedReferenceCache(model.config, mu, 32, "4over6"), "eager", ids, mask, chunks)
+    assert relative_gap(got, want, mask) < TOLERANCE
+    # Readers that skip a transform over the same bytes fail the comparison.
+    for skipped in ({"layers": [{"k": {"rule": "4over6", "rotation": 32}, "v": {"rotation": 32}}]},   # mu
+                    {"layers": [{"k": {"rule": "4over6"}}], "k_mean": mu}):                         # rotation
+        cache = make_cache(model, format=fmt)
+        cache.reader = nvfp4kv.Cache(nvfp4kv.with_format(cache.writer.layout, skipped), "cpu",
+                                     buffers=[[cache.writer.buffer(0, layer) for layer in range(layers)]],
+                                     global_scales=cache.writer.global_scales)
+        bad = run(model, cache, nt.NAME, ids, mask, chunks)
+        assert relative_gap(bad, want, mask) > 10 * TOLERANCE, skipped
+    with pytest.raises(nvfp4kv.LayoutError, match=r"format.layers\[0\].k.rotation: 48 is not a rotation size"):
+        make_cache(model, format={"layers": [{"k": {"rotation": 48}}]})
+    with pytest.raises(ValueError, match="not rule="):
+        make_cache(model, rule="4over6", format=fmt)
+    with pytest.raises(nvfp4kv.UnsupportedError, match=r"stores FP8 in layer\(s\) \[0\]"):
+        make_cache(model, format={"layers": [{"k": {"element": "fp8_e4m3"}}, {}]})
+
+
 def test_generate_with_left_padding_matches_the_reference_path():
     model = tiny("mistral")
     ids, mask = batch(model.config.vocab_size, [20, 9], 0)

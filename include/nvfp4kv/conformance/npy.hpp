@@ -32,6 +32,16 @@ NpyArray read_npy(const std::string& path);
 // names the file in messages ("--k").
 std::vector<float> read_npy_floats(const std::string& path, const std::vector<int64_t>& shape, const std::string& what);
 
+// The arrays of an .npz (numpy.savez: a zip of .npy members, stored, ZIP64 sizes read), in file
+// order, each float32, float16 or bf16 as read_npy_floats takes them; names without ".npy".
+// The file (at most max_bytes) is read whole. Throws Error naming the file and the member:
+// compressed members (savez_compressed), truncation, other element types.
+struct NpzMember {
+  std::string name;
+  NpyArray array;
+};
+std::vector<NpzMember> read_npz(const std::string& path, int64_t max_bytes, const std::string& what);
+
 NpyArray npy_f32(const std::vector<float>& values, std::vector<int64_t> shape);
 NpyArray npy_i32(const std::vector<int32_t>& values, std::vector<int64_t> shape);
 NpyArray npy_i64(const std::vector<int64_t>& values, std::vector<int64_t> shape);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nvfp4kv/core/cache_buffers.hpp"
+#include "nvfp4kv/core/cache_format.hpp"
 #include "nvfp4kv/core/error.hpp"
 #include "nvfp4kv/core/layout_view.hpp"
 
@@ -127,10 +128,13 @@ class ValidLayout {
  public:
   const Layout& layout() const { return layout_; }
   const CheckReport& report() const { return report_; }
+  // What the bytes mean (cache_format.hpp); implicit (plain NVFP4) unless with_format set one.
+  const CacheFormat& format() const { return format_; }
   LayoutView view() const;
 
  private:
   friend struct CheckResult check(const Layout& layout);
+  friend ValidLayout with_format(const ValidLayout& layout, CacheFormat format);
 // A mode whose inner extent exceeds its coordinate's extent places x at x * inner stride
 // (x % inner == x): it is that plain stride, and instantiate and check make it one, so the
 // 4-token interleave at 1 to 3 tokens per page is judged as the plain stride it is.
@@ -138,7 +142,12 @@ Layout with_plain_modes(Layout l);
   ValidLayout(Layout l, CheckReport r) : layout_(std::move(l)), report_(std::move(r)) {}
   Layout layout_;
   CheckReport report_;
+  CacheFormat format_;
 };
+
+// The same proven layout with a format attached, after format_problem found none
+// against its sizes (throws LayoutError naming the field).
+ValidLayout with_format(const ValidLayout& layout, CacheFormat format);
 
 struct CheckResult {
   CheckReport report;

@@ -34,7 +34,8 @@ struct StoreArgs {
   int64_t layer = 0;
   const float* k_global_scale = nullptr;      // dequant multipliers; device memory for the GPU (graph capture)
   const float* v_global_scale = nullptr;
-  ScaleRule rule = ScaleRule::kStandard;
+  ScaleRule rule = ScaleRule::kStandard;      // a layout without a format: both sides; with one, the
+                                              // format's rules apply (this may only repeat them)
   DeviceStatus* status = nullptr;             // optional counters
 
   NVFP4KV_HD int64_t slot(int64_t i) const {
@@ -54,6 +55,9 @@ struct GatherArgs {
   void* k_out = nullptr;
   void* v_out = nullptr;
   DeviceStatus* status = nullptr;
+  // With a format that rotates or smooths: false gives the original values (rotation
+  // undone, mu added back), true the values as stored (rotated, mu subtracted).
+  bool stored_values = false;
 
   NVFP4KV_HD const float* global_scale(Side s) const { return s == Side::kK ? k_global_scale : v_global_scale; }
   NVFP4KV_HD void* out(Side s) const { return s == Side::kK ? k_out : v_out; }
@@ -63,7 +67,8 @@ struct GatherArgs {
 // pages. out[b, h] = sum_t p_t V[t, kv(h)] with p = softmax over the sequence's
 // tokens (and the sink logit, when given) of logit_t = softcap(softmax_scale *
 // Q[b, h] . K[t, kv(h)]); kv(h) = h / (q_heads / kv heads). K and V are the
-// dequantized cache (e2m1 * block scale * global scale).
+// dequantized cache (e2m1 * block scale * global scale), taken back to the original values
+// where the layout's format rotates or smooths them (cache_format.hpp).
 struct DecodeArgs {
   const void* q = nullptr;        // (batch, q_heads, D) rows of q_type; batch rows q_token_stride elements apart
   ElementType q_type = ElementType::kBFloat16;  // bf16 or fp16; the output has the same type

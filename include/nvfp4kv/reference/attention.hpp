@@ -14,6 +14,8 @@ struct AttentionOptions {
   int64_t window = 0;       // > 0: the last `window` tokens only
   double softcap = 0;       // > 0: softcap * tanh(logit / softcap)
   const float* sinks = nullptr;  // (q_heads) or null
+  const double* score_bias = nullptr;  // (q_heads) or null: added to each q.k before scaling
+                                       // (a smoothed cache's q.mu)
 };
 
 // One query row per (sequence, head). q: (q_heads, D); k, v: (tokens, kv_heads, D).
@@ -26,7 +28,9 @@ struct DecodeResult {
   std::vector<double> lse;  // (batch, q_heads)
 };
 
-// decode_attention's definition on host pointers (DecodeArgs: q, block table,
+// decode_attention's definition on host pointers. With the layout's format: q is rotated
+// as K was, scores are q.(k - mu) + q.mu, the output is rotated back as V was; so the result
+// is attention over the original-domain values (what gather returns) up to fp64 rounding. (DecodeArgs: q, block table,
 // lengths, global scales, sinks are read; out, lse, workspace are not used).
 // Bad entries are handled as the GPU does: counted in args.status, and the
 // sequence's outputs are NaN.

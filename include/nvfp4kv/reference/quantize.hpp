@@ -31,6 +31,18 @@ QuantizedTensor quantize(const void* input, ElementType type, DenseShape shape, 
 // (tokens, heads, D) floats: e2m1 * scale * global_scale, one rounding.
 std::vector<float> dequantize(const QuantizedTensor& q, float global_scale);
 
+// FP8 E4M3 with a per-tensor scale (the dequant multiplier, usable as a global scale is):
+// code = e4m3(x * (1 / scale)), round to nearest even, saturating at +-448; NaN and +-Inf
+// inputs are stored as +0 and counted (core/transform.hpp).
+struct Fp8Tensor {
+  DenseShape shape;
+  std::vector<uint8_t> codes;  // (tokens, heads, D) E4M3 bytes
+  int64_t non_finite = 0;
+};
+Fp8Tensor quantize_fp8(const void* input, ElementType type, DenseShape shape, float scale);
+// (tokens, heads, D) floats: e4m3 * scale, one rounding.
+std::vector<float> dequantize_fp8(const Fp8Tensor& q, float scale);
+
 struct ErrorStats {
   double rel_l2 = 0;   // ||x^ - x|| / ||x||
   double max_abs = 0;  // max |x^ - x|

@@ -1,0 +1,261 @@
+#include "nvfp4kv/core/cache_format.hpp"
+
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "nvfp4kv/core/error.hpp"
+#include "nvfp4kv/core/files.hpp"
+#include "nvfp4kv/core/layout.hpp"
+#include "strict_json.hpp"
+
+namespace nvfp4kv {
+
+namespace {
+
+using json = nlohmann::json;
+using detail::json_excerpt;
+using detail::require_keys;
+
+// A format with mu for 128 layers x 8 heads x D 256 is about 5 MiB of text.
+constexpr size_t kMaxFormatBytes = size_t(64) << 20;
+constexpr size_t kMaxFormatDepth = 8;
+
+bool power_of_two(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+std::string rotation_name(int64_t r) {
+  if (r == kNoRotation) return "none";
+  if (r == kRotateWholeHead) return "head";
+  return std::to_string(r);
+}
+
+std::string tensor_problem(const TensorFormat& t, const CacheDims& d, const std::string& where) {
+  if (t.element != ElementFormat::kNvfp4 && t.element != ElementFormat::kFp8E4M3)
+    return where + ".element: unknown element format " + std::to_string(int(t.element));
+  if (t.rule != ScaleRule::kStandard && t.rule != ScaleRule::kFourOverSix)
+    return where + ".rule: unknown scale rule " + std::to_string(int(t.rule));
+  if (t.element == ElementFormat::kFp8E4M3 && t.rule != ScaleRule::kStandard)
+    return where + ".rule: fp8_e4m3 has no block scales, so only \"standard\" applies, got \"" +
+           scale_rule_name(t.rule) + "\"";
+  if (t.rotation == kNoRotation || t.rotation == kRotateWholeHead) return "";
+  if (!power_of_two(t.rotation) || t.rotation < 16 || t.rotation > 256)
+    return where + ".rotation: " + std::to_string(t.rotation) +
+           " is not a rotation size (16, 32, 64, 128, 256, \"head\" or \"none\")";
+  if (d.head_dim % t.rotation != 0)
+    return where + ".rotation: " + std::to_string(t.rotation) + " does not divide the head dim " +
+           std::to_string(d.head_dim);
+  return "";
+}
+
+ElementFormat element_from(const json& v, const std::string& where) {
+  if (v == "nvfp4") return ElementFormat::kNvfp4;
+  if (v == "fp8_e4m3") return ElementFormat::kFp8E4M3;
+  throw LayoutError(where + ": expected \"nvfp4\" or \"fp8_e4m3\", got " + json_excerpt(v));
+}
+
+ScaleRule rule_from(const json& v, const std::string& where) {
+  if (v == "standard") return ScaleRule::kStandard;
+  if (v == "4over6") return ScaleRule::kFourOverSix;
+  throw LayoutError(where + ": expected \"standard\" or \"4over6\", got " + json_excerpt(v));
+}
+
+int64_t rotation_from(const json& v, const std::string& where) {
+  if (v == "none") return kNoRotation;
+  if (v == "head") return kRotateWholeHead;
+  if (v.is_number_integer() && v.get<int64_t>() > 0) return v.get<int64_t>();  // the size is format_problem's
+  throw LayoutError(where + ": expected a size (16, 32, 64, 128, 256), \"head\" or \"none\", got " +
+                    json_excerpt(v));
+}
+
+
+TensorFormat tensor_from(const json& v, const std::string& where) {
+  require_keys(v, {"element", "rule", "rotation"}, where);
+  TensorFormat t;
+  if (v.contains("element")) t.element = element_from(v["element"], where + ".element");
+  if (v.contains("rule")) t.rule = rule_from(v["rule"], where + ".rule");
+  if (v.contains("rotation")) t.rotation = rotation_from(v["rotation"], where + ".rotation");
+  return t;
+}
+
+json tensor_json(const TensorFormat& t) {
+  json j = {{"element", element_format_name(t.element)}, {"rule", scale_rule_name(t.rule)}};
+  if (t.rotation == kNoRotation) j["rotation"] = "none";
+  else if (t.rotation == kRotateWholeHead) j["rotation"] = "head";
+  else j["rotation"] = t.rotation;
+  return j;
+}
+
+std::string tensor_text(const TensorFormat& t) {
+  std::string s = element_format_name(t.element);
+  if (t.element == ElementFormat::kNvfp4) s += std::string(" ") + scale_rule_name(t.rule);
+  if (t.rotation != kNoRotation) s += ", rotation " + rotation_name(t.rotation);
+  return s;
+}
+
+}  // namespace
+
+const char* element_format_name(ElementFormat f) {
+  return f == ElementFormat::kFp8E4M3 ? "fp8_e4m3" : "nvfp4";
+}
+
+const char* scale_rule_name(ScaleRule r) { return r == ScaleRule::kFourOverSix ? "4over6" : "standard"; }
+
+LayerFormat CacheFormat::layer(int64_t l) const {
+  if (layers.empty()) return {};
+  return layers.size() == 1 ? layers[0] : layers.at(size_t(l));
+}
+
+const float* CacheFormat::k_mean_row(const CacheDims& d, int64_t layer, int64_t head) const {
+  if (k_mean.empty()) return nullptr;
+  return k_mean.data() + size_t((layer * d.heads + head) * d.head_dim);
+}
+
+bool CacheFormat::plain_nvfp4(int64_t l) const {
+  if (has_k_mean()) return false;
+  const LayerFormat f = layer(l);
+  for (const TensorFormat* t : {&f.k, &f.v})
+    if (t->element != ElementFormat::kNvfp4 || t->rotation != kNoRotation) return false;
+  return true;
+}
+
+int64_t rotation_block(int64_t rotation, int64_t head_dim) {
+  if (rotation != kRotateWholeHead) return rotation;
+  int64_t b = 1;
+  while (head_dim % (b * 2) == 0) b *= 2;
+  return b;
+}
+
+std::string format_problem(const CacheFormat& f, const CacheDims& d) {
+  if (!f.layers.empty() && f.layers.size() != 1 && int64_t(f.layers.size()) != d.layers)
+    return "format.layers: " + std::to_string(f.layers.size()) + " entries for a cache of " +
+           std::to_string(d.layers) + " layers (give 1 for every layer, or one per layer)";
+  for (size_t l = 0; l < f.layers.size(); ++l)
+    for (Side s : {Side::kK, Side::kV}) {
+      const std::string where = "format.layers[" + std::to_string(l) + "]." + (s == Side::kK ? "k" : "v");
+      if (std::string p = tensor_problem(f.layers[l].side(s), d, where); !p.empty()) return p;
+    }
+  if (!f.k_mean.empty()) {
+    const int64_t want = d.layers * d.heads * d.head_dim;
+    if (int64_t(f.k_mean.size()) != want)
+      return "format.k_mean: " + std::to_string(f.k_mean.size()) + " values, expected (layers " +
+             std::to_string(d.layers) + ", heads " + std::to_string(d.heads) + ", D " + std::to_string(d.head_dim) +
+             ") = " + std::to_string(want);
+    for (size_t i = 0; i < f.k_mean.size(); ++i)
+      if (!std::isfinite(f.k_mean[i])) {
+        const int64_t e = int64_t(i) % d.head_dim, h = int64_t(i) / d.head_dim % d.heads,
+                      l = int64_t(i) / d.head_dim / d.heads;
+        std::ostringstream v;
+        v << f.k_mean[i];
+        return "format.k_mean[" + std::to_string(l) + "][" + std::to_string(h) + "][" + std::to_string(e) +
+               "]: " + v.str() + " is not finite";
+      }
+  }
+  return "";
+}
+
+double bits_per_value(ElementFormat f) { return f == ElementFormat::kFp8E4M3 ? 8.0 : 4.5; }
+
+double bits_per_value(const LayerFormat& f) { return (bits_per_value(f.k.element) + bits_per_value(f.v.element)) / 2; }
+
+double bits_per_value(const CacheFormat& f, int64_t layers) {
+  if (layers < 1) throw ArgumentError("bits_per_value: layers must be >= 1, got " + std::to_string(layers));
+  double sum = 0;
+  for (int64_t l = 0; l < layers; ++l) sum += bits_per_value(f.layer(l));
+  return sum / double(layers);
+}
+
+std::string format_to_json(const CacheFormat& f, int indent) {
+  json doc = {{"nvfp4kv_format", kCacheFormatVersion}, {"layers", json::array()}};
+  for (const LayerFormat& l : f.layers) doc["layers"].push_back({{"k", tensor_json(l.k)}, {"v", tensor_json(l.v)}});
+  if (!f.k_mean.empty()) doc["k_mean"] = f.k_mean;  // flat in C order; the cache's sizes give the shape
+  return doc.dump(indent);
+}
+
+CacheFormat parse_format(std::string_view text) {
+  json doc;
+  try {
+    doc = detail::parse_json_strict(text, {"format", kMaxFormatBytes, kMaxFormatDepth, false});
+  } catch (const ArgumentError& e) {
+    throw LayoutError(e.what());
+  }
+  require_keys(doc, {"nvfp4kv_format", "layers", "k_mean"}, "format");
+  if (!doc.contains("nvfp4kv_format"))
+    throw LayoutError("format: \"nvfp4kv_format\" (the version, " + std::to_string(kCacheFormatVersion) +
+                      ") is required");
+  const json& version = doc["nvfp4kv_format"];
+  if (!version.is_number_integer() || version.get<int64_t>() != kCacheFormatVersion)
+    throw LayoutError("format.nvfp4kv_format: version " + json_excerpt(version) + " is not one this build reads (" +
+                      std::to_string(kCacheFormatVersion) + ")");
+  CacheFormat f;
+  if (doc.contains("layers")) {
+    const json& layers = doc["layers"];
+    if (!layers.is_array()) throw LayoutError("format.layers: expected an array, got " + json_excerpt(layers));
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const std::string where = "format.layers[" + std::to_string(i) + "]";
+      require_keys(layers[i], {"k", "v"}, where);
+      LayerFormat l;
+      if (layers[i].contains("k")) l.k = tensor_from(layers[i]["k"], where + ".k");
+      if (layers[i].contains("v")) l.v = tensor_from(layers[i]["v"], where + ".v");
+      f.layers.push_back(l);
+    }
+  }
+  if (doc.contains("k_mean")) {
+    const json& mu = doc["k_mean"];
+    if (!mu.is_array()) throw LayoutError("format.k_mean: expected an array of numbers, got " + json_excerpt(mu));
+    f.k_mean.reserve(mu.size());
+    for (size_t i = 0; i < mu.size(); ++i) {
+      if (!mu[i].is_number())
+        throw LayoutError("format.k_mean[" + std::to_string(i) + "]: expected a number, got " + json_excerpt(mu[i]));
+      const double x = mu[i].get<double>();
+      if (!std::isfinite(float(x)))
+        throw LayoutError("format.k_mean[" + std::to_string(i) + "]: " + json_excerpt(mu[i]) +
+                          " is not a finite float");
+      f.k_mean.push_back(float(x));
+    }
+  }
+  return f;
+}
+
+CacheFormat load_format(const std::string& path) {
+  return parse_format(read_text_file(path, int64_t(kMaxFormatBytes), "format file"));
+}
+
+std::string format_text(const CacheFormat& f, const CacheDims& d) {
+  std::ostringstream s;
+  if (f.implicit()) {
+    s << "  plain NVFP4 for K and V in every layer (scale rule per store call), 4.5 bits per value\n";
+    return s.str();
+  }
+  // Runs of equal layers: "layers 0-7: K nvfp4 standard, V nvfp4 standard (4.5 bits)".
+  const int64_t n = f.layers.size() == 1 ? d.layers : int64_t(f.layers.size());
+  for (int64_t first = 0; first < n;) {
+    int64_t last = first;
+    while (last + 1 < n && f.layer(last + 1) == f.layer(first)) ++last;
+    const LayerFormat l = f.layer(first);
+    s << "  layer" << (last > first ? "s " + std::to_string(first) + "-" + std::to_string(last)
+                                    : " " + std::to_string(first))
+      << ": K " << tensor_text(l.k) << "; V " << tensor_text(l.v) << " (" << bits_per_value(l) << " bits)\n";
+    first = last + 1;
+  }
+  if (f.has_k_mean()) {
+    float lo = f.k_mean[0], hi = f.k_mean[0];
+    for (float x : f.k_mean) lo = std::min(lo, x), hi = std::max(hi, x);
+    s << "  K smoothing: mu (" << d.layers << ", " << d.heads << ", " << d.head_dim << ") in [" << lo << ", " << hi
+      << "]\n";
+  } else {
+    s << "  K smoothing: none\n";
+  }
+  s << "  bits per value: " << bits_per_value(f, d.layers) << "\n";
+  return s.str();
+}
+
+ValidLayout with_format(const ValidLayout& layout, CacheFormat format) {
+  if (std::string p = format_problem(format, layout.layout().dims); !p.empty())
+    throw LayoutError("layout \"" + layout.layout().name + "\": " + p);
+  ValidLayout v = layout;
+  v.format_ = std::move(format);
+  return v;
+}
+
+}  // namespace nvfp4kv
