@@ -135,10 +135,6 @@ class ValidLayout {
  private:
   friend struct CheckResult check(const Layout& layout);
   friend ValidLayout with_format(const ValidLayout& layout, CacheFormat format);
-// A mode whose inner extent exceeds its coordinate's extent places x at x * inner stride
-// (x % inner == x): it is that plain stride, and instantiate and check make it one, so the
-// 4-token interleave at 1 to 3 tokens per page is judged as the plain stride it is.
-Layout with_plain_modes(Layout l);
   ValidLayout(Layout l, CheckReport r) : layout_(std::move(l)), report_(std::move(r)) {}
   Layout layout_;
   CheckReport report_;
