@@ -8,7 +8,7 @@
 # nlohmann headers travel in .carry/ (bench/README.md says how to make it).
 # Options (environment): NVFP4KV_BEFORE=DIR (an older source tree to benchmark
 # beside this one), NVFP4KV_DECODE=full|quick|0, NVFP4KV_NCU=1 (Nsight Compute on
-# one decode launch; =source: per-instruction counts too), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_SANITIZE=0, NVFP4KV_CPU_TESTS=0, NVFP4KV_BENCH=0
+# one decode launch; =source: per-instruction counts too), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_PREFILL=quick|full (bench/prefill_vs_sdpa.py; off by default), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_SANITIZE=0, NVFP4KV_CPU_TESTS=0, NVFP4KV_BENCH=0
 # (skip the store/gather benchmark).
 set -uo pipefail
 OUT=${OUT:-/tmp/nvfp4kv-out}
@@ -56,12 +56,12 @@ if [ "${NVFP4KV_TESTS:-1}" = 1 ]; then
   if [ "${NVFP4KV_SANITIZE:-1}" = 1 ]; then
   step "compute-sanitizer memcheck"
   timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
-    --gtest_filter='Gpu.SlotEdgeCases:Gpu.GatherOfARaggedBatch*:Gpu.OddShapes*:GpuDecode.OptionsMatch*:GpuDecode.BadEntries*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.HostSide*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*:GpuDecode.GraphReplays*' \
+    --gtest_filter='Gpu.SlotEdgeCases:Gpu.GatherOfARaggedBatch*:Gpu.OddShapes*:GpuDecode.OptionsMatch*:GpuDecode.BadEntries*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.HostSide*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*:GpuDecode.GraphReplays*:GpuPrefill.PaddedHead*:GpuPrefill.BadEntries*:GpuPrefill.Mixed*:GpuPrefill.HostSide*' \
     > "$OUT/memcheck.log" 2>&1; rc=$?
   tail -3 "$OUT/memcheck.log"; record "memcheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
   step "compute-sanitizer racecheck"
   timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
-    --gtest_filter='Gpu.SlotEdgeCases:GpuDecode.OptionsMatch*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*' \
+    --gtest_filter='Gpu.SlotEdgeCases:GpuDecode.OptionsMatch*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*:GpuPrefill.PaddedHead*:GpuPrefill.Mixed*' \
     > "$OUT/racecheck.log" 2>&1; rc=$?
   tail -3 "$OUT/racecheck.log"; grep -oE "[a-z_]+\.cu[h]?:[0-9]+" "$OUT/racecheck.log" | sort | uniq -c | sort -rn | head -12
   record "racecheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
@@ -91,6 +91,14 @@ if [ "${NVFP4KV_DECODE:-full}" != 0 ]; then
   record "decode bench" "rc $rc"
   [ $rc = 0 ] || tail -20 "$OUT/decode_bench.log"
 fi
+if [ "${NVFP4KV_PREFILL:-0}" != 0 ]; then
+  step "prefill attention vs PyTorch SDPA (${NVFP4KV_PREFILL})"
+  quick=""; [ "${NVFP4KV_PREFILL}" = quick ] && quick="--quick"
+  PYTHONUNBUFFERED=1 timeout 400 python3 bench/prefill_vs_sdpa.py --nvfp4kv build/gpu/nvfp4kv --out "$TABLES" $quick \
+    > "$OUT/prefill_bench.log" 2>&1; rc=$?
+  record "prefill bench" "rc $rc"
+  [ $rc = 0 ] || tail -20 "$OUT/prefill_bench.log"
+fi
 if [ "${NVFP4KV_NCU:-0}" = source ]; then
   # Per-instruction executed counts and stall samples of the decode kernel (the SASS
   # page of Nsight Compute's source view), for where the cycles go inside a tile.
@@ -117,3 +125,4 @@ fi
 step "summary"
 printf '%s\n' "${status[@]}"
 [ -f "$TABLES/decode.md" ] && cat "$TABLES/decode.md"
+[ -f "$TABLES/prefill.md" ] && cat "$TABLES/prefill.md"
