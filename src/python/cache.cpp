@@ -259,6 +259,43 @@ class Cache {
     }, layer, stream);
   }
 
+  // The fields decode and attention calls share (DecodeArgs and PrefillArgs spell
+  // them alike): the query, the block table and kv lengths (seq_lens or cu_seqlens),
+  // the layer's global scales, the options, the outputs (lse of `rows` rows, checked
+  // here with sinks) and the status counters.
+  template <typename Args>
+  void fill_shared_args(Args& a, const ArrayFacts& q, int64_t q_heads, int64_t q_stride, const Array& block_table_array,
+                        bool lens_are_seq_lens, const ArrayFacts& lens, int64_t batch, int64_t layer, float softmax_scale,
+                        int64_t window, float softcap, const std::optional<Array>& sinks_array,
+                        const OutArray& out_array, const std::optional<OutArray>& lse_array, int64_t rows) const {
+    a.q = q.data;
+    a.q_type = element_type(dtype_of(q.dtype));
+    a.q_heads = q_heads;
+    a.q_token_stride = q_stride;
+    a.batch.block_table = static_cast<const int32_t*>(block_table_array.data());
+    a.batch.block_table_stride = batch ? int64_t(block_table_array.shape(1)) : 1;
+    (lens_are_seq_lens ? a.batch.seq_lens : a.batch.cu_seqlens) = static_cast<const int32_t*>(lens.data);
+    a.batch.batch = batch;
+    a.layer = layer;
+    a.softmax_scale = softmax_scale;
+    a.k_global_scale = scales_ + 2 * layer;
+    a.v_global_scale = scales_ + 2 * layer + 1;
+    a.window = window;
+    a.softcap = softcap;
+    if (sinks_array) {
+      const ArrayFacts s(*sinks_array);
+      require_dense(s, "sinks", place_, {DType::kFloat32}, {q_heads});
+      a.sinks = static_cast<const float*>(s.data);
+    }
+    a.out = out_array.data();
+    if (lse_array) {
+      const ArrayFacts l(*lse_array);
+      require_dense(l, "lse", place_, {DType::kFloat32}, {rows, q_heads});
+      a.lse = static_cast<float*>(lse_array->data());
+    }
+    a.status = status_;
+  }
+
   // Paged decode attention for one query token per sequence (core/ops.hpp
   // DecodeArgs). Sequence lengths as seq_lens (batch) or cu_seqlens (batch + 1).
   void decode(const Array& q_array, const Array& block_table_array, std::optional<Array> seq_lens_array,
@@ -289,32 +326,8 @@ class Cache {
         fail("q", "the row stride must be a multiple of 8 elements, got " + std::to_string(q_stride));
     }
     DecodeArgs a;
-    a.q = q.data;
-    a.q_type = element_type(dtype_of(q.dtype));
-    a.q_heads = q_heads;
-    a.q_token_stride = q_stride;
-    a.batch.block_table = static_cast<const int32_t*>(block_table_array.data());
-    a.batch.block_table_stride = batch ? int64_t(block_table_array.shape(1)) : 1;
-    (seq_lens_array ? a.batch.seq_lens : a.batch.cu_seqlens) = static_cast<const int32_t*>(lens.data);
-    a.batch.batch = batch;
-    a.layer = layer;
-    a.softmax_scale = softmax_scale;
-    a.k_global_scale = scales_ + 2 * layer;
-    a.v_global_scale = scales_ + 2 * layer + 1;
-    a.window = window;
-    a.softcap = softcap;
-    if (sinks_array) {
-      const ArrayFacts s(*sinks_array);
-      require_dense(s, "sinks", place_, {DType::kFloat32}, {q_heads});
-      a.sinks = static_cast<const float*>(s.data);
-    }
-    a.out = out_array.data();
-    if (lse_array) {
-      const ArrayFacts l(*lse_array);
-      require_dense(l, "lse", place_, {DType::kFloat32}, {batch, q_heads});
-      a.lse = static_cast<float*>(lse_array->data());
-    }
-    a.status = status_;
+    fill_shared_args(a, q, q_heads, q_stride, block_table_array, bool(seq_lens_array), lens, batch, layer, softmax_scale,
+                     window, softcap, sinks_array, out_array, lse_array, batch);
     if (!place_.cuda) {
       run([&](const CacheBuffers& b, uintptr_t) { decode_on_host(b, a); }, layer, 0);
       return;
@@ -371,34 +384,10 @@ class Cache {
         fail("q", "the row stride must be a multiple of 8 elements, got " + std::to_string(q_stride));
     }
     PrefillArgs a;
-    a.q = q.data;
-    a.q_type = element_type(dtype_of(q.dtype));
-    a.q_heads = q_heads;
-    a.q_token_stride = q_stride;
+    fill_shared_args(a, q, q_heads, q_stride, block_table_array, bool(seq_lens_array), lens, batch, layer, softmax_scale,
+                     window, softcap, sinks_array, out_array, lse_array, rows);
     a.cu_seqlens_q = static_cast<const int32_t*>(cu_q_array.data());
     a.max_q_len = longest;
-    a.batch.block_table = static_cast<const int32_t*>(block_table_array.data());
-    a.batch.block_table_stride = batch ? int64_t(block_table_array.shape(1)) : 1;
-    (seq_lens_array ? a.batch.seq_lens : a.batch.cu_seqlens) = static_cast<const int32_t*>(lens.data);
-    a.batch.batch = batch;
-    a.layer = layer;
-    a.softmax_scale = softmax_scale;
-    a.k_global_scale = scales_ + 2 * layer;
-    a.v_global_scale = scales_ + 2 * layer + 1;
-    a.window = window;
-    a.softcap = softcap;
-    if (sinks_array) {
-      const ArrayFacts s(*sinks_array);
-      require_dense(s, "sinks", place_, {DType::kFloat32}, {q_heads});
-      a.sinks = static_cast<const float*>(s.data);
-    }
-    a.out = out_array.data();
-    if (lse_array) {
-      const ArrayFacts l(*lse_array);
-      require_dense(l, "lse", place_, {DType::kFloat32}, {rows, q_heads});
-      a.lse = static_cast<float*>(lse_array->data());
-    }
-    a.status = status_;
     if (!place_.cuda) {
       for (int64_t i = 0; i < batch; ++i)  // host memory: the promise the GPU path cannot check
         if (a.cu_seqlens_q[i + 1] - a.cu_seqlens_q[i] != q_lens[size_t(i)])
