@@ -9,10 +9,12 @@ function that reads it in place.
 ``KVCache.update()`` quantizes each layer's new keys and values into the pages (nvfp4kv's
 store: the kernel on a GPU, the bit-identical CPU reference on the host) and hands back no
 dequantized copy. The attention function then reads the pages: one query token runs the fused
-paged decode (``Cache.decode``); a longer chunk gathers each sequence's stored tokens, its own
-included, and attends with SDPA, so a prefix computed in one chunk or in many attends to the
-same quantized K/V. Left-padded batches work: padding tokens are never stored, each sequence
-keeps its own length and block table.
+paged decode (``Cache.decode``); a longer chunk runs paged prefill/extend attention
+(``Cache.attention``: the prefill kernel on a GPU, the CPU reference on the host), causal over
+each sequence's stored tokens, this chunk's included, so a prefix computed in one chunk or in
+many attends to the same quantized K/V. Left-padded batches work: padding tokens are never
+stored or attended with, each sequence keeps its own length and block table, and padding rows
+come back as zeros.
 
 The cache only works with ``attn_implementation="nvfp4kv"`` (the attention function and its
 mask function are registered when this module is imported): any other attention would see only
@@ -217,6 +219,9 @@ class KVCache(Cache):
         self._slots: Optional[torch.Tensor] = None  # this step's (batch * q,) int64, -1 = padding
         self._query_pos: Optional[torch.Tensor] = None  # (batch, q) int64 cache position of each query, -1 = padding
         self._out: Optional[torch.Tensor] = None
+        self._q_lens: List[int] = []                    # this step's real tokens per sequence
+        self._cu_q: Optional[torch.Tensor] = None       # (batch + 1,) int32 offsets of their rows
+        self._row_index: Optional[torch.Tensor] = None  # (sum q_lens,) int64 their rows in batch * q
         self.writer.reset_status()
 
     @property
@@ -273,6 +278,11 @@ class KVCache(Cache):
             slots[b, ok] = pages[pos[b, ok] // n] * n + pos[b, ok] % n
         self._slots = torch.from_numpy(slots.reshape(-1)).to(self.device)
         self._query_pos = torch.from_numpy(pos).to(self.device)
+        # This step's rows that are real tokens, as Cache.attention takes them: sequence b's
+        # q_lens[b] rows (its newest tokens, in order) at cu_q[b] .. of the packed query.
+        self._q_lens = [int(x) for x in valid.sum(1)]
+        self._cu_q = torch.from_numpy(np.concatenate([[0], np.cumsum(self._q_lens)]).astype(np.int32)).to(self.device)
+        self._row_index = torch.from_numpy(np.flatnonzero(valid.reshape(-1)).astype(np.int64)).to(self.device)
         self._lengths = new_len
         self._seq_lens = torch.from_numpy(new_len.astype(np.int32)).to(self.device)
         self.positions += q
@@ -368,6 +378,29 @@ class KVCache(Cache):
                           window=int(window), softcap=float(softcap), sinks=sinks)
         return out
 
+    def attend(self, layer: int, query: torch.Tensor, scaling: float, window: int = 0, softcap: float = 0.0,
+               sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Paged causal attention of this step's chunk over the stored tokens (``Cache.attention``):
+        query (batch, q heads, q, D) -> (batch, q, q heads, D) in the cache's dtype (float32 on the
+        CPU); the rows of padding tokens are zeros."""
+        batch, q_heads, q_len, dim = query.shape
+        if batch * q_len != self._query_pos.numel():
+            raise RuntimeError("KVCache: attention over %d x %d queries, but this step stored %s"
+                               % (batch, q_len, tuple(self._query_pos.shape)))
+        dtype = self.dtype if self.device.type == "cuda" else torch.float32
+        rows = query.transpose(1, 2).to(device=self.device, dtype=dtype).reshape(batch * q_len, q_heads, dim)
+        rows = rows.index_select(0, self._row_index).contiguous()
+        out = torch.empty_like(rows)
+        if sinks is not None:
+            sinks = sinks.to(device=self.device, dtype=torch.float32).contiguous()
+        if rows.shape[0] > 0:
+            self.reader.attention(rows, self._cu_q, self._q_lens, self._table, self._seq_lens, layer, out,
+                                  softmax_scale=float(scaling), window=int(window), softcap=float(softcap),
+                                  sinks=sinks)
+        full = torch.zeros(batch * q_len, q_heads, dim, dtype=dtype, device=self.device)
+        full.index_copy_(0, self._row_index, out)
+        return full.view(batch, q_len, q_heads, dim)
+
     def query_positions(self) -> torch.Tensor:
         """(batch, q) int64: where each of this step's tokens sits in its sequence (-1: padding)."""
         return self._query_pos
@@ -399,35 +432,8 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     if q_len == 1:
         out = cache.decode(layer, query[:, :, 0], scaling, window, float(softcap or 0.0), sinks)
         return out.to(query.dtype).unsqueeze(1).to(query.device), None
-    k, v = cache.gather(layer)
-    pos = cache.query_positions()                                   # (batch, q)
-    keys = torch.arange(k.shape[2], device=k.device)
-    allowed = keys[None, None, :] <= pos[:, :, None]                # causal over stored tokens
-    if window > 0:
-        allowed &= keys[None, None, :] > pos[:, :, None] - window
-    allowed[:, :, 0] |= pos < 0                                     # padding rows: any finite output
-    out = _sdpa(query.to(k.device, k.dtype), k, v, allowed[:, None], scaling, float(softcap or 0.0), sinks)
-    return out.transpose(1, 2).to(query.dtype).to(query.device), None
-
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scaling: float, softcap: float,
-          sinks: Optional[torch.Tensor]) -> torch.Tensor:
-    """q (B, Hq, q, D), k and v (B, H, L, D), allowed (B, 1, q, L) bool -> (B, Hq, q, D)."""
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    if softcap == 0.0 and sinks is None:
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scaling)
-    logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
-    if softcap > 0.0:
-        logits = softcap * torch.tanh(logits / softcap)
-    logits = logits.masked_fill(~allowed, float("-inf"))
-    if sinks is not None:  # a per-head logit that joins the denominator only
-        sink = sinks.float().view(1, -1, 1, 1).expand(logits.shape[0], -1, logits.shape[2], 1)
-        p = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
-    else:
-        p = torch.softmax(logits, dim=-1)
-    return torch.matmul(p, v.float()).to(q.dtype)
+    out = cache.attend(layer, query, scaling, window, float(softcap or 0.0), sinks)
+    return out.to(query.dtype).to(query.device), None
 
 
 AttentionInterface.register(NAME, attention)
