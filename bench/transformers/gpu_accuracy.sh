@@ -17,8 +17,8 @@
 #
 # $OUT gets accuracy-NAME.json (rewritten after every window, so a call cut off leaves what it
 # measured) and accuracy-NAME.log (a line per window with the time and the time still to go).
-# accuracy.py starts nothing new after --deadline seconds (default 480) and is killed at 540, so
-# a call stays inside the 10 minutes a command may take.
+# accuracy.py starts nothing new after --deadline seconds (default 440) and is killed at 500, so
+# a call stays under 9 minutes (the 10 a command may take, with room to start).
 set -uo pipefail
 OUT=${OUT:-/tmp/nvfp4kv-out}
 STAGE=/tmp/nvfp4kv-transformers19   # gpu.sh's: outlives a call while the machine is warm
@@ -43,8 +43,8 @@ export PYTHONUNBUFFERED=1
   echo "a peer cache does not import: accuracy.py reports its rows as failed"
 rows=bf16,fp8,nvfp4,nvfp4-cal,nvfp4-4over6,nvfp4-4over6-cal,quanto-int4,quanto-int2,hqq-4
 echo "=== accuracy.py, slice $name ($(date +%T))"
-timeout 540 python3 bench/transformers/accuracy.py --staged "$STAGE/transformers19-a" "$STAGE/transformers19-b" \
-  --device cuda --threads 8 --rows "$rows" --tokens 131072 --deadline 480 --out "$OUT/accuracy-$name.json" "$@" \
+timeout 500 python3 bench/transformers/accuracy.py --staged "$STAGE/transformers19-a" "$STAGE/transformers19-b" \
+  --device cuda --threads 8 --rows "$rows" --tokens 131072 --deadline 440 --out "$OUT/accuracy-$name.json" "$@" \
   2>&1 | tee "$OUT/accuracy-$name.log" | grep -v "window [0-9]*/" | tail -40
 rc=${PIPESTATUS[0]}
 grep "window [0-9]*/" "$OUT/accuracy-$name.log" | tail -3
