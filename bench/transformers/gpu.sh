@@ -4,7 +4,8 @@
 #
 #   here, once:  python3 bench/transformers/text.py --out build/kv-text
 #                python3 bench/transformers/stage_gpu.py --text build/kv-text --out .carry/transformers19
-#                python3 -m pip download --no-deps optimum-quanto==0.2.7 -d .whl
+#                python3 -m pip download --no-deps optimum-quanto==0.2.7 termcolor==3.3.0 -d .whl
+#                DISABLE_CUDA=1 python3 -m pip wheel --no-deps hqq==0.2.8.post1 -w .whl  # PyPI: source only
 #   call 1:      bash bench/transformers/gpu.sh      carry: .carry/include .carry/transformers19-a .whl
 #                installs nvfp4kv (CUDA), runs tests/python/test_transformers.py and test_torch_ops.py (GPU tests
 #                too), keeps part a in /tmp, checks the perplexity of the model's first 10 layers
@@ -13,7 +14,8 @@
 #                (as soon as call 1 returns: the machine stays warm about 30 s) the perplexity
 #                check on all 30 layers, from part a kept in /tmp and part b, then the decode
 #                step timed for BF16 SDPA, quanto int4 and nvfp4kv
-# Each call stays well inside the 10 minutes a command may take.
+# Each call stays well inside the 10 minutes a command may take. Calls 3 and on, the accuracy
+# table from the same parts: bench/transformers/gpu_accuracy.sh.
 # Everything lands in $OUT (transformers-gpu-*.json, the logs).
 set -uo pipefail
 OUT=${OUT:-/tmp/nvfp4kv-out}
@@ -23,7 +25,7 @@ cd "$(dirname "$0")/../.."
 for part in a b; do
   [ -d ".carry/transformers19-$part" ] && cp -r ".carry/transformers19-$part" "$STAGE/"
 done
-if ls .whl/*.whl >/dev/null 2>&1; then  # optimum-quanto for the peer row; torch, ninja are there
+if ls .whl/*.whl >/dev/null 2>&1; then  # optimum-quanto, hqq, termcolor for the peer rows; torch, ninja are there
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
     export PYTHONPATH=/tmp/site
 fi

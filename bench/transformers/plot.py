@@ -1,10 +1,13 @@
 """The accuracy table (markdown) and plot (PNG) from accuracy.py's JSON.
 
     python3 bench/transformers/plot.py bench/results/FILE.json     # writes FILE.md and FILE.png beside it
-    python3 bench/transformers/plot.py --merge CONTEXTS.json DECODE.json FILE.json
-        # one results file from two runs (accuracy.py's contexts from the first, its decode and
-        # generation from the second, and the second's rows at contexts the first has too; both
-        # commands kept), then its table and plot
+    python3 bench/transformers/plot.py --merge RUN1.json RUN2.json [RUN3.json ...] FILE.json
+        # one results file from several runs of accuracy.py (e.g. its contexts split across GPU
+        # calls, decode and generation in another): each context from the run with the most
+        # windows there (the first of equals), later runs' extra rows at a context added where
+        # its BF16 row is the same (the same windows), decode and generation from the last run
+        # that has them; all commands kept),
+        # then its table and plot
 """
 from __future__ import annotations
 
@@ -30,12 +33,19 @@ LABELS = {
 }
 
 
+def where(r) -> str:
+    """The machine a run used, in words."""
+    if r["device"].startswith("cuda"):
+        return "the GPU (%s)" % r.get("gpu", r["device"])
+    return "the %s (%d thread(s))" % (r["device"], r["threads"])
+
+
 def table(r) -> str:
     rows = r["rows"]
     out = ["# What KV-cache formats cost on SmolLM2-135M-Instruct", "",
            "Model: %s; every row runs the same weights, so the rows compare KV caches only. Activations "
-           "%s on the %s (%d thread(s)); %s; torch %s, transformers %s." % (
-               r["model"], r["dtype"], r["device"], r["threads"], r["nvfp4kv"], r["torch"], r["transformers"]),
+           "%s on %s; %s; torch %s, transformers %s." % (
+               r["model"], r["dtype"], where(r), r["nvfp4kv"], r["torch"], r["transformers"]),
            "Text: the Python 3 manual's prose (Debian python3-doc, bench/transformers/text.py), windows from its "
            "start; calibration (the FP8 scales, the -cal global scales, the K means of K smoothing): K and V amax "
            "and K's mean per layer, KV head and channel over %d tokens of the "
@@ -48,14 +58,19 @@ def table(r) -> str:
                ", ".join("%s at context %s" % (per["bf16"]["tokens"], c) for c, per in r["contexts"].items()),
                sum(per["bf16"]["tokens"] for per in r["contexts"].values())), "",
            "    " + r["command"].replace("; ", "\n    "), "",
-           "Took %.0f s in all." % r.get("seconds", float("nan"))]
+           "Took %.0f s in all%s." % (r.get("seconds", float("nan")),
+                                      "" if r.get("complete", True) else ", cut short by accuracy.py --deadline")]
+    for row, why in r.get("failed_rows", {}).items():
+        out += ["", "Row %s failed on this machine and is left out: %s" % (LABELS.get(row, row), why)]
     for ctx, per in r["contexts"].items():
         base = per["bf16"]["ppl"]
-        out += ["", "**Context %s** (%d windows, %d predicted tokens per row, chunks of %d; %.0f s)" %
-                (ctx, per["bf16"]["tokens"] // (int(ctx) - 1), per["bf16"]["tokens"], r["chunk"], per["seconds"]), "",
+        windows = per["bf16"]["tokens"] // (int(ctx) - 1)
+        cut = "" if per.get("windows_planned", windows) == windows else " of %d planned" % per["windows_planned"]
+        out += ["", "**Context %s** (%d windows%s, %d predicted tokens per row, chunks of %d; %.0f s)" %
+                (ctx, windows, cut, per["bf16"]["tokens"], r["chunk"], per["seconds"]), "",
                 "| row | cache bytes / token | perplexity | vs BF16 | mean KL | p99 KL | top-1 agreement |",
                 "|---|---:|---:|---:|---:|---:|---:|"]
-        for row in rows:
+        for row in [x for x in rows if x in per]:
             m = per[row]
             out.append("| %s | %d | %.3f | %+.2f %% | %.4f | %.3f | %.1f %% |" % (
                 LABELS.get(row, row), r["bytes_per_token"][row], m["ppl"], 100 * (m["ppl"] / base - 1), m["kl_mean"],
@@ -65,18 +80,18 @@ def table(r) -> str:
         out += ["", "**Token by token against chunked** (the first %d window(s) of %d tokens, the same tokens both "
                 "ways)" % (d["windows"], d["context"]), "",
                 "| row | perplexity, decode | perplexity, chunks of %d | gap |" % r["chunk"], "|---|---:|---:|---:|"]
-        for row in rows:
+        for row in [x for x in rows if x in d["rows"]]:
             m = d["rows"][row]
             out.append("| %s | %.3f | %.3f | %+.2f %% |" % (LABELS.get(row, row), m["ppl_decode"], m["ppl_chunked"],
                                                            100 * (m["ppl_decode"] / m["ppl_chunked"] - 1)))
     if "generation" in r:
         g = r["generation"]
-        n = g[rows[0]]["prompts"]
+        n = g["bf16"]["prompts"]
         out += ["", "**Greedy generation** (%d prompts left-padded into one batch, %d new tokens each)" %
                 (n, g["new_tokens"]), "",
                 "| row | tokens before the first difference from BF16 | continuations identical to BF16 |",
                 "|---|---:|---:|"]
-        for row in rows:
+        for row in [x for x in rows if x in g]:
             m = g[row]
             out.append("| %s | %.1f %% | %d of %d |" % (LABELS.get(row, row), 100 * m["prefix_agreement"],
                                                        m["identical"], m["prompts"]))
@@ -95,12 +110,13 @@ def plot(r, path: str) -> None:
     markers = ["o", "s", "^", "D"]
     for i, ctx in enumerate(contexts):
         per = r["contexts"][ctx]
-        xs = [r["bytes_per_token"][x] / 1024 for x in rows]
-        ys = [max(per[x]["kl_mean"], 1e-5) for x in rows]
+        have = [x for x in rows if x in per]
+        xs = [r["bytes_per_token"][x] / 1024 for x in have]
+        ys = [max(per[x]["kl_mean"], 1e-5) for x in have]
         left.scatter(xs, ys, marker=markers[i % len(markers)], label="context %s" % ctx, alpha=0.8)
         if i == 0:  # labels beside the points; rows at the same bytes stacked so they stay legible
             same = {}
-            for x, y, name in sorted(zip(xs, ys, rows), key=lambda p: p[1]):
+            for x, y, name in sorted(zip(xs, ys, have), key=lambda p: p[1]):
                 k = same.setdefault(x, [])
                 left.annotate(name, (x, y), textcoords="offset points", xytext=(8, -4 + 11 * len(k)), fontsize=8,
                               arrowprops=dict(arrowstyle="-", lw=0.4, alpha=0.5) if k else None)
@@ -115,8 +131,8 @@ def plot(r, path: str) -> None:
     for i, ctx in enumerate(contexts):
         per = r["contexts"][ctx]
         base = per["bf16"]["ppl"]
-        right.bar([j + i * width for j in range(len(rows))], [100 * (per[x]["ppl"] / base - 1) for x in rows], width,
-                  label="context %s" % ctx)
+        right.bar([j + i * width for j in range(len(rows))],
+                  [100 * (per[x]["ppl"] / base - 1) if x in per else 0 for x in rows], width, label="context %s" % ctx)
     right.set_xticks([j + width * (len(contexts) - 1) / 2 for j in range(len(rows))])
     right.set_xticklabels(rows, rotation=30, ha="right", fontsize=8)
     right.set_yscale("symlog", linthresh=1)
@@ -124,50 +140,74 @@ def plot(r, path: str) -> None:
     right.set_title("Perplexity (chunked prefill of %d)" % r["chunk"])
     right.grid(True, axis="y", alpha=0.3)
     right.legend()
-    fig.suptitle("SmolLM2-135M-Instruct (Q4_1 weights, the same for every row), Python 3 manual prose", fontsize=10)
+    fig.suptitle("SmolLM2-135M-Instruct (Q4_1 weights, the same for every row), Python 3 manual prose, on %s"
+                 % where(r), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def merge(contexts_path: str, decode_path: str, out_path: str) -> None:
-    with open(contexts_path) as f:
-        out = json.load(f)
-    with open(decode_path) as f:
-        other = json.load(f)
+def merge(paths, out_path: str) -> None:
+    """One results file from accuracy.py runs over the same text (see the module's doc)."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append(json.load(f))
+    out = runs[0]
 
     def took(r):  # a run stopped after its contexts has no total: the sum of its contexts'
         return r.get("seconds", sum(per["seconds"] for per in r.get("contexts", {}).values()))
 
-    seconds = took(out) + took(other)
-    for key in ("decode", "generation"):
-        if key in other:
-            out[key] = other[key]
-    # Rows the second run measured at a context the first has too (same windows: its BF16 row must
-    # be the first's, or the two runs did not see the same tokens).
-    for ctx, per in other.get("contexts", {}).items():
-        if ctx not in out["contexts"]:
-            continue
-        if per["bf16"] != out["contexts"][ctx]["bf16"]:
-            raise SystemExit("plot.py --merge: the BF16 rows at context %s differ: not the same windows" % ctx)
-        for row, m in per.items():
-            if row not in out["contexts"][ctx]:
-                out["contexts"][ctx][row] = m
+    whole = {key: out.get("complete", True) for key in ("decode", "generation") if key in out}
+    for other in runs[1:]:
+        for key in ("decode", "generation"):
+            if key in other:
+                out[key] = other[key]
+                whole[key] = other.get("complete", True)
+                measured = other[key]["rows"] if key == "decode" else other[key]
+                for row in other["rows"]:
+                    if row in measured and row not in out["rows"]:
+                        out["rows"].append(row)
+                        out["bytes_per_token"][row] = other["bytes_per_token"][row]
+        for ctx, per in other.get("contexts", {}).items():
+            have = out["contexts"].get(ctx)
+            if have is None or per["bf16"]["tokens"] > have["bf16"]["tokens"]:
+                # A context new here, or measured over more windows than before (an earlier run was
+                # cut by its deadline): the later run's, whole.
+                out["contexts"][ctx] = per
+                new = [row for row in per if isinstance(per[row], dict)]
+            elif per["bf16"]["tokens"] < have["bf16"]["tokens"]:
+                continue  # a run cut shorter than the one kept
+            else:
+                # Rows the later run measured at a context an earlier one has too (same windows: its
+                # BF16 row must be the earlier's, or the two runs did not see the same tokens).
+                if per["bf16"] != have["bf16"]:
+                    raise SystemExit("plot.py --merge: the BF16 rows at context %s differ: not the same windows" % ctx)
+                new = [row for row, m in per.items() if isinstance(m, dict) and row not in have]
+                for row in new:
+                    out["contexts"][ctx][row] = per[row]
+                out["contexts"][ctx]["seconds"] += per["seconds"]
+            for row in new:
                 if row not in out["rows"]:
                     out["rows"].append(row)
                     out["bytes_per_token"][row] = other["bytes_per_token"][row]
-        out["contexts"][ctx]["seconds"] += per["seconds"]
-    out["command"] = "python3 %s; python3 %s; python3 bench/transformers/plot.py --merge %s %s %s" % (
-        out["command"], other["command"], contexts_path, decode_path, out_path)
-    out["seconds"] = seconds
+        for row, why in other.get("failed_rows", {}).items():
+            out.setdefault("failed_rows", {})[row] = why
+    # Complete when every context kept has all its windows, and the runs that gave decode and
+    # generation were not cut.
+    out["complete"] = all(per.get("windows", 0) == per.get("windows_planned", 0) for per in out["contexts"].values()) \
+        and all(whole.values())
+    out["command"] = "; ".join(["python3 %s" % r["command"] for r in runs] +
+                               ["python3 bench/transformers/plot.py --merge %s %s" % (" ".join(paths), out_path)])
+    out["seconds"] = sum(took(r) for r in runs)
     with open(out_path, "w") as f:
         json.dump(out, f, indent=1)
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 4 and argv[0] == "--merge":
-        merge(*argv[1:])
-        argv = argv[3:]
+    if len(argv) >= 4 and argv[0] == "--merge":
+        merge(argv[1:-1], argv[-1])
+        argv = argv[-1:]
     if len(argv) != 1:
         print(__doc__.strip(), file=sys.stderr)
         return 2

@@ -93,11 +93,20 @@ def load_staged(folders, dtype=None, device: str = "cpu"):
         elif leaf == "attn_k":
             w = _unpermute(w, config.num_key_value_heads)
         state["model.layers.%s.%s.weight" % (layer, _NAMES[leaf])] = w
-    model = LlamaForCausalLM(config)
+    # Built in the wanted dtype, as from_pretrained builds it: buffers computed in float32 (the
+    # rotary inv_freq) stay float32; a model cast afterwards would round them and move every
+    # position's angle (0.77 in bfloat16 logits against the GGUF model's, measured).
+    dtype = dtype or torch.float32
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
     missing, unexpected = model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()},
                                                 strict=False)
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embedding
     if missing or unexpected:
         raise ValueError("staged weights: missing %s, unexpected %s" % (missing, unexpected))
     model.tie_weights()
-    return model.to(device=device, dtype=dtype or torch.float32).eval()
+    return model.to(device=device).eval()
