@@ -32,7 +32,7 @@ for r in rows:
         out.append("| %s | - | %s | | | |" % (r["layout"], r.get("error", "failed")))
         continue
     rel = native["ms"] / r["ms"] if native else float("nan")
-    out.append("| %s | %s | %.1f | %.2f | %.0f%% | %.2fx |" % (r["layout"], "planes" if r.get("dense") else "rows",
+    out.append("| %s | %s | %.1f | %.2f | %.0f%% | %.2fx |" % (r["layout"], "planes" if r.get("dense") else "tensor rows" if r.get("tensor_rows") else "rows",
                r["ms"] * 1e3, r["tbs"], 100 * r["of_ceiling"], rel))
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))

@@ -42,25 +42,29 @@ grep -E "spill|warning" "$OUT/build.log" | sort | uniq -c | head -10
 
 if [ "${NVFP4KV_TESTS:-1}" = 1 ]; then
   step "GPU tests: decode attention"
-  timeout 240 build/gpu/tests/nvfp4kv_gpu_tests --gtest_filter='GpuDecode.*' > "$OUT/gpu_decode.log" 2>&1
+  timeout 120 build/gpu/tests/nvfp4kv_gpu_tests --gtest_filter='GpuDecode.*' > "$OUT/gpu_decode.log" 2>&1
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is|rel L2" "$OUT/gpu_decode.log" | head -70
   grep -q "^\[  PASSED  \]" "$OUT/gpu_decode.log" && ! grep -q "^\[  FAILED" "$OUT/gpu_decode.log" && record "decode tests" pass || record "decode tests" FAIL
   step "GPU tests: the rest"
-  timeout 300 build/gpu/tests/nvfp4kv_gpu_tests --gtest_filter='-GpuDecode.*' > "$OUT/gpu_tests.log" 2>&1
+  timeout 150 build/gpu/tests/nvfp4kv_gpu_tests --gtest_filter='-GpuDecode.*' > "$OUT/gpu_tests.log" 2>&1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure" "$OUT/gpu_tests.log" | head -20
   grep -q "^\[  PASSED  \]" "$OUT/gpu_tests.log" && ! grep -q "^\[  FAILED" "$OUT/gpu_tests.log" && record "store/gather tests" pass || record "store/gather tests" FAIL
+  step "GPU test: a barrier that never completes stops the kernel"
+  timeout 30 build/gpu/tests/nvfp4kv_barrier_timeout 4096 2>&1 | tail -1  # what one failed poll costs
+  timeout 90 build/gpu/tests/nvfp4kv_barrier_timeout 2>&1 | tee "$OUT/barrier_timeout.log" | tail -2
+  grep -q "^PASSED: " "$OUT/barrier_timeout.log" && record "barrier timeout" pass || record "barrier timeout" FAIL
   if [ "${NVFP4KV_CPU_TESTS:-1}" = 1 ]; then
     step "CPU tests of this build"
     (cd build/gpu && ctest -E "Gpu|fuzz" -j 16 > "$OUT/ctest_cpu.log" 2>&1; cp Testing/Temporary/LastTest.log "$OUT/ctest_last.log"; grep -E "tests passed|\(Failed\)|\*\*\*Failed|Timeout" "$OUT/ctest_cpu.log" | head -20)
   fi
   if [ "${NVFP4KV_SANITIZE:-1}" = 1 ]; then
   step "compute-sanitizer memcheck"
-  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
     --gtest_filter='Gpu.SlotEdgeCases:Gpu.GatherOfARaggedBatch*:Gpu.OddShapes*:GpuDecode.OptionsMatch*:GpuDecode.BadEntries*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.HostSide*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*:GpuDecode.GraphReplays*:GpuPrefill.PaddedHead*:GpuPrefill.BadEntries*:GpuPrefill.Mixed*:GpuPrefill.HostSide*' \
     > "$OUT/memcheck.log" 2>&1; rc=$?
   tail -3 "$OUT/memcheck.log"; record "memcheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
   step "compute-sanitizer racecheck"
-  timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
+  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
     --gtest_filter='Gpu.SlotEdgeCases:GpuDecode.OptionsMatch*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*:GpuPrefill.PaddedHead*:GpuPrefill.Mixed*' \
     > "$OUT/racecheck.log" 2>&1; rc=$?
   tail -3 "$OUT/racecheck.log"; grep -oE "[a-z_]+\.cu[h]?:[0-9]+" "$OUT/racecheck.log" | sort | uniq -c | sort -rn | head -12

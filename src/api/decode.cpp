@@ -42,7 +42,7 @@ Result plan_decode(const ValidLayout& layout, int64_t batch, int64_t q_heads, in
   kernels::DecodeParams p{.layout = layout.view(), .cache = {}, .args = {}, .geometry = {}};
   if (Result r = prepare(layout, a, p); !r.ok()) return r;
   *plan = {.splits = p.geometry.splits, .entries_per_split = p.geometry.entries_per_split,
-           .workspace_bytes = p.geometry.workspace_bytes, .dense_planes = p.geometry.dense};
+           .workspace_bytes = p.geometry.workspace_bytes, .dense_planes = p.geometry.dense, .tensor_rows = p.geometry.tensor_rows};
   return {};
 }
 

@@ -172,13 +172,14 @@ int run_bench(const std::vector<std::string>& argv) {
                         << ", \"kv_heads\": " << h << ", \"head_dim\": " << dim << ", \"ms\": " << r.ms
                         << ", \"cache_bytes\": " << r.cache_bytes << ", \"tbs\": " << r.tbs
                         << ", \"of_ceiling\": " << r.tbs / ceiling << ", \"splits\": " << r.splits
-                        << ", \"dense\": " << (r.dense ? "true" : "false") << ", \"checked_rel_l2\": " << r.checked_rel_l2
+                        << ", \"dense\": " << (r.dense ? "true" : "false")
+                        << ", \"tensor_rows\": " << (r.tensor_rows ? "true" : "false") << ", \"checked_rel_l2\": " << r.checked_rel_l2
                         << ", \"layout\": \"" << shape.layout << "\"}" << std::endl;
             else
               std::cout << "batch " << b << " context " << ctx << " heads " << qh << "/" << h << " D " << dim << ": "
                         << r.ms * 1e3 << " us, " << r.tbs << " TB/s (" << 100 * r.tbs / ceiling
                         << " % of the read ceiling), " << r.splits << " splits, "
-                        << (r.dense ? "whole planes" : "row by row") << std::endl;
+                        << (r.dense ? "whole planes" : r.tensor_rows ? "rows by tensor copies" : "row by row") << std::endl;
           }
   return 0;
 #else

@@ -28,9 +28,41 @@ std::string plan_decode_geometry(const LayoutView& layout, const DecodeArgs& arg
     g.dense = g.dense && acc.dense_plane && acc.plane_align >= 16 && (d.tokens_per_page * d.columns(r)) % 16 == 0;
     if (!is_scale(r)) g.dense = g.dense && acc.vector_bytes >= 16;
   }
-  // The page slot: the four canonical planes, scale planes padded to 16 bytes.
-  const int data_plane = int(d.tokens_per_page) * g.head_dim / 2;
-  const int scale_plane = (int(d.tokens_per_page) * g.head_dim / 16 + 15) / 16 * 16;
+  // Row mode by tensor copies: the copy engine takes a (page, head) tile of region
+  // r as a box of N rows of the instance's row bytes (its rules: the box's row a
+  // multiple of 16 bytes, strides multiples of 16, the base 16-byte aligned, which
+  // the API asks of every buffer). So: token and column modes plain, columns
+  // contiguous, and the head either a stride the copy engine takes or the next
+  // columns of the same row (then the box starts at head x columns and reads the
+  // next head's bytes, or zeros past the row's end, into columns never used).
+  // The copy engine reads from 16-byte-aligned addresses only (run 41: a box that started
+  // on head x 8 bytes of a shared scale row stopped the kernel with an illegal
+  // instruction), so where heads share a row a box starts at the 16 bytes holding the
+  // head's first column and the consumers read the head's columns at
+  // tensor_row_shift. An instance wider than the layout's D (a padded head) is left to
+  // the row copies: there a shared row's next head would land in the padded columns.
+  g.tensor_rows = !g.dense && d.head_dim == g.head_dim;
+  for (int ri = 0; ri < kRegionCount; ++ri) {
+    const Region r = Region(ri);
+    const RegionMap& m = layout.region(r);
+    const int64_t cols = d.columns(r);
+    g.tensor_rows = g.tensor_rows && m.token.is_plain() && m.column.is_plain() && (cols == 1 || m.column.stride == 1) &&
+                    m.offset % 16 == 0 && tensor_stride_ok(m.token.stride, d.tokens_per_page) &&
+                    tensor_stride_ok(m.page, d.pages) && tensor_stride_ok(m.layer, d.layers) &&
+                    (!tensor_rows_flat(m.head, d.heads) || m.head == cols) && m.token.stride < (int64_t(1) << 40) &&
+                    m.page < (int64_t(1) << 40) && m.head < (int64_t(1) << 40);
+  }
+  // The page slot: the four canonical planes, scale planes padded to 16 bytes (a
+  // tensor copy's rows are at least 16 bytes, and its planes start on 128 bytes).
+  const int n = int(d.tokens_per_page);
+  const int align = g.tensor_rows ? 128 : 16;
+  const auto up = [align](int bytes) { return (bytes + align - 1) / align * align; };
+  for (int ri = 0; ri < kRegionCount; ++ri) {
+    const int row = is_scale(Region(ri)) ? g.head_dim / 16 : g.head_dim / 2;
+    g.row_pitch[ri] = g.tensor_rows ? tensor_row_pitch(row) : row;
+  }
+  const int data_plane = up(n * g.row_pitch[int(Region::kKData)]);
+  const int scale_plane = up(n * g.row_pitch[int(Region::kKScale)]);
   g.plane_offset[int(Region::kKData)] = 0;
   g.plane_offset[int(Region::kKScale)] = data_plane;
   g.plane_offset[int(Region::kVData)] = data_plane + scale_plane;

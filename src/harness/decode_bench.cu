@@ -187,6 +187,7 @@ DecodeBenchResult bench_decode(const DecodeBenchShape& s) {
   r.tbs = r.cache_bytes / (r.ms * 1e-3) / 1e12;
   r.splits = plan.splits;
   r.dense = plan.dense_planes;
+  r.tensor_rows = plan.tensor_rows;
   return r;
 }
 

@@ -63,7 +63,12 @@ TEST(DecodePlan, StagesHoldWholePagesWithinTheMaskAndTheTables) {
       if (n <= kTile * kConsumerWarps && n * kMaxStagePages >= kTile * kConsumerWarps) {
         EXPECT_GE(g.pages_per_stage * n, kTile * kConsumerWarps - n + 1);
       }
-      EXPECT_EQ(g.slot_bytes, 2 * (n * d / 2 + (n * d / 16 + 15) / 16 * 16));
+      if (!g.tensor_rows) {
+        EXPECT_EQ(g.slot_bytes, 2 * (n * d / 2 + (n * d / 16 + 15) / 16 * 16));
+      } else {  // rows of at least 16 bytes, planes on 128 bytes
+        const auto up = [](int64_t b) { return (b + 127) / 128 * 128; };
+        EXPECT_EQ(g.slot_bytes, 2 * (up(n * d / 2) + up(n * std::max<int64_t>(d / 16, 16))));
+      }
     }
 }
 
@@ -129,10 +134,40 @@ TEST(DecodePlan, PlaneKindsFollowTheLayout) {
   const DecodeGeometry planes = plan({.preset = "flashinfer-hnd"});
   EXPECT_TRUE(planes.dense);
   EXPECT_FALSE(planes.span);  // four planes in two allocations
-  EXPECT_FALSE(plan({.preset = "flashinfer-nhd"}).dense);  // heads interleaved within a token: row by row
+  EXPECT_FALSE(native.tensor_rows);
+  EXPECT_FALSE(planes.tensor_rows);
+  // Heads interleaved within a token: row by row, one tensor copy per (page, head)
+  // tile of each region; the scale rows (8 bytes at D 128, the next head's after
+  // them) are copied 16 bytes wide, so their plane's pitch is 16.
+  const DecodeGeometry nhd = plan({.preset = "flashinfer-nhd"});
+  EXPECT_FALSE(nhd.dense);
+  EXPECT_TRUE(nhd.tensor_rows);
+  EXPECT_EQ(nhd.row_pitch[int(Region::kKData)], 64);
+  EXPECT_EQ(nhd.row_pitch[int(Region::kKScale)], 16);
+  EXPECT_EQ(nhd.slot_bytes, 2 * (16 * 64 + 16 * 16));
+  for (int ri = 0; ri < kRegionCount; ++ri) EXPECT_EQ(nhd.plane_offset[ri] % 128, 0);
+  // Row copies by the lanes keep the rows' own widths.
+  const DecodeGeometry rows = plan({.tokens_per_page = 3});
+  EXPECT_FALSE(rows.dense);
+  EXPECT_FALSE(rows.tensor_rows);  // a page's planes of 3 x 64 bytes: strides not multiples of 16 somewhere
+  EXPECT_EQ(rows.row_pitch[int(Region::kKScale)], 8);
+  // A box starts on 16 bytes: head h of a shared scale row of 8 bytes starts (8h) % 16
+  // bytes into its box, and every shift leaves room for the row.
+  EXPECT_EQ(tensor_row_shift(1, 8), 8);
+  EXPECT_EQ(tensor_row_shift(2, 8), 0);
+  EXPECT_EQ(tensor_row_shift(3, 4), 12);
+  for (int cols : {2, 4, 8, 12, 16, 24, 32, 40, 64, 128})
+    for (int h = 0; h < 64; ++h) EXPECT_LE(tensor_row_shift(h, cols) + cols, tensor_row_pitch(cols)) << cols << " " << h;
+  EXPECT_EQ(tensor_row_pitch(8), 16);
+  EXPECT_EQ(tensor_row_pitch(12), 32);
+  EXPECT_EQ(tensor_row_pitch(64), 64);
+  // A padded head is left to the row copies (a shared row's next head would sit in its padding).
+  EXPECT_FALSE(plan({.head_dim = 96, .preset = "flashinfer-nhd"}).tensor_rows);
   const DecodeGeometry padded = plan({.head_dim = 80});
   EXPECT_EQ(padded.head_dim, 128);
   EXPECT_FALSE(padded.dense);
+  EXPECT_FALSE(padded.tensor_rows);  // native rows of 40 bytes: a token stride the copy engine refuses
+  EXPECT_EQ(padded.row_pitch[int(Region::kKData)], 64);
 }
 
 TEST(DecodePlan, UnsupportedShapesSayWhy) {

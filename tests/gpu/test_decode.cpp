@@ -149,7 +149,7 @@ Outcome run_case(const Case& k) {
 
 void expect_close(const Case& k, const Outcome& o, const std::string& what) {
   std::printf("  %-44s splits %3d %-5s rel L2 %.2e  max |err| %.2e  lse %.2e\n", what.c_str(), o.plan.splits,
-              o.plan.dense_planes ? "bulk" : "rows", o.rel_l2, o.max_abs, o.lse_max_abs);
+              o.plan.dense_planes ? "bulk" : o.plan.tensor_rows ? "tensor" : "rows", o.rel_l2, o.max_abs, o.lse_max_abs);
   EXPECT_LT(o.rel_l2, rel_l2_bound(k.type)) << what;
   EXPECT_LT(o.lse_max_abs, kLseBound) << what;
   EXPECT_EQ(o.unwritten, 0) << what;
@@ -291,6 +291,38 @@ TEST_F(GpuDecode, EverySoundPresetMatchesTheReference) {
     ++ran;
   }
   EXPECT_GE(ran, 11);
+}
+
+// Strided rows by tensor copies: heads sharing a row put a head's scale columns at
+// any multiple of D/16 bytes, which the copy engine cannot start a box at (run 41's
+// illegal instruction at head 1). Head counts that give every head shift the copy
+// engine's 16-byte rule allows (D 64: 4 heads, shifts 0/4/8/12 in a 16-byte scale
+// row; D 128: 6, shifts 0/8; D 256: 3, an odd count) take the tensor copies; 5 heads
+// at D 64 and 128 make the token stride of the scale rows (20, 40 bytes) one the copy
+// engine refuses, and those read through the row copies (run 42 counted 6 of 18 with 5
+// heads everywhere). Both kinds agree with the reference.
+TEST_F(GpuDecode, TensorRowsReadEveryHeadOfASharedRow) {
+  int tensor = 0, rows = 0;
+  for (const char* preset : {"flashinfer-nhd", "attention-rs", "vllm-legacy-nhd-reader-sm120"})
+    for (int64_t dim : {64, 128, 256})
+      for (int64_t n : {16, 32})
+        for (const bool fits : {true, false}) {
+          if (!fits && dim == 256) continue;  // 5 heads of 16 scale bytes: a stride of 80, fine
+          Case k;
+          k.preset = preset;
+          k.head_dim = dim;
+          k.tokens_per_page = n;
+          k.kv_heads = !fits ? 5 : dim == 64 ? 4 : dim == 128 ? 6 : 3;
+          k.group = 2;
+          k.lengths = {int(3 * n + 5), 1, int(2 * n)};
+          k.seed = uint64_t(dim + n + k.kv_heads);
+          const Outcome o = run_case(k);
+          expect_close(k, o, cat(preset, " D", dim, " N", n, " heads ", k.kv_heads));
+          EXPECT_EQ(o.plan.tensor_rows, fits) << preset << " D" << dim << " heads " << k.kv_heads;
+          (o.plan.tensor_rows ? tensor : rows) += 1;
+        }
+  EXPECT_EQ(tensor, 18);
+  EXPECT_EQ(rows, 12);
 }
 
 TEST_F(GpuDecode, BadEntriesAreCountedNeverReadAndMarkTheirSequence) {

@@ -23,6 +23,8 @@ struct DecodePlan {
   int64_t entries_per_split = 0;  // block-table entries each of them reads
   size_t workspace_bytes = 0;
   bool dense_planes = false;   // pages copied as whole planes (fast path) or row by row
+  bool tensor_rows = false;    // not dense: rows come by one tensor copy per (page, head) and region
+                               // (else the producer warp copies them piece by piece: slow)
 };
 
 // Same inputs as the call itself; the device is the current one.

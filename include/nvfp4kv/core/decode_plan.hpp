@@ -35,6 +35,28 @@ NVFP4KV_HD constexpr int decode_blocks_per_sm(int head_dim, int group_rows) {
   return head_dim <= 128 && group_rows <= 8 ? 2 : 1;
 }
 
+// Tensor rows: a stride the copy engine takes (a multiple of 16 bytes, or any for
+// an extent of one).
+NVFP4KV_HD constexpr bool tensor_stride_ok(int64_t stride, int64_t extent) {
+  return extent == 1 || (stride > 0 && stride % 16 == 0);
+}
+// Tensor rows: whether a region's heads are not a stride of their own for the copy
+// engine but the next columns of the same row (the planner then requires the head
+// stride to equal the row's columns), so its box starts at head x columns.
+NVFP4KV_HD constexpr bool tensor_rows_flat(int64_t head_stride, int64_t heads) {
+  return !tensor_stride_ok(head_stride, heads);
+}
+
+// Tensor rows: where a region's heads share a row, the 16-byte-aligned box holding
+// head h's columns starts tensor_row_shift bytes before them (the copy engine reads
+// from 16-byte-aligned addresses only); a row of `columns` bytes then needs a box
+// tensor_row_pitch wide, enough for every shift a head can have.
+NVFP4KV_HD constexpr int tensor_row_shift(int64_t head, int64_t columns) { return int(head * columns % 16); }
+NVFP4KV_HD constexpr int tensor_row_pitch(int columns) {
+  const int g = columns % 16 == 0 ? 16 : columns % 8 == 0 ? 8 : columns % 4 == 0 ? 4 : columns % 2 == 0 ? 2 : 1;
+  return (columns + 16 - g + 15) / 16 * 16;  // the largest shift is 16 - gcd(columns, 16)
+}
+
 struct DecodeGeometry {
   int head_dim = 0;         // the instance's D: 64, 128 or 256 (a smaller D is zero-padded up to it)
   int group = 1;            // query heads per kv head
@@ -45,6 +67,9 @@ struct DecodeGeometry {
   bool dense = false;       // pages copied as whole planes by bulk copies (else row by row)
   bool span = false;        // dense, and a (page, head)'s four planes lie back to back as in a page slot:
                             // one contiguous copy per page
+  bool tensor_rows = false;  // not dense: each region's (page, head) rows come by one tensor copy (TMA)
+                            // per page instead of row copies by the producer's lanes
+  int row_pitch[kRegionCount] = {};     // bytes from one token's row to the next in a region's plane
   int plane_offset[kRegionCount] = {};  // bytes of each region's plane inside a page slot
   int slot_bytes = 0;       // one page's four planes
   int smem_bytes = 0;       // dynamic shared memory of one thread block

@@ -23,6 +23,7 @@ struct DecodeBenchResult {
   double tbs = 0;           // cache_bytes / time
   int splits = 1;
   bool dense = false;
+  bool tensor_rows = false;
   double checked_rel_l2 = 0;  // of a small instance of the same shape against the fp64 reference
 };
 

@@ -51,19 +51,53 @@ __device__ __forceinline__ void copy_bulk(void* shared, const void* global, unsi
                "l"(global), "r"(bytes), "r"(shared_address(bar))
                : "memory");
 }
-// The waiting thread is suspended until the phase completes (or the hint, 1 ms,
-// passes), so warps that wait do not take issue slots from the ones working
-// (run 38: the consumers' spinning on a row-mode stage was 75 % of the samples
-// while the producer warp, the one that fills it, got an issue slot in four).
+// One poll of a barrier's phase: true once it has completed. The hardware may hold
+// the thread a while inside the poll before answering false.
+__device__ __forceinline__ bool barrier_try_wait(uint64_t* bar, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(shared_address(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 __device__ __forceinline__ void barrier_wait(uint64_t* bar, unsigned parity) {
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(shared_address(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
+  while (!barrier_try_wait(bar, parity)) {
+  }
+}
+
+// A wait that cannot poll forever: after kBarrierMaxPolls failed polls the kernel
+// stops with a trap, which the host sees as a launch failure at its next
+// synchronisation, instead of a GPU that hangs (run 40: a copy expecting more bytes
+// than arrived left a phase incomplete for good). A failed poll holds the thread up
+// to a hardware time limit (2^24 polls outlasted a 60 s test on the H200, run 42: so
+// each takes microseconds; tests/gpu/barrier_timeout.cu prints how long); every
+// legitimate wait is one stage's copies or tile math, microseconds. A pipeline puts
+// it in its producer, which then waits for the consumers to release every stage it
+// issued before leaving: consumers stuck on a stage leave the producer stuck on the
+// release, and the producer's bound stops the kernel. The consumers' own waits stay
+// plain: bounding them (a poll count or a %globaltimer deadline alike) made ptxas
+// recompute values inside decode's tile loop, 563 -> 608 instructions per tile.
+inline constexpr uint32_t kBarrierMaxPolls = 1u << 20;
+__device__ __forceinline__ void barrier_wait_bounded(uint64_t* bar, unsigned parity,
+                                                     uint32_t max_polls = kBarrierMaxPolls) {
+  for (uint32_t polls = 0; !barrier_try_wait(bar, parity);)
+    if (++polls == max_polls) __trap();
+}
+
+// A tensor copy (sm_90+): the box at (c0, c1, c2, c3) of the tensor `map`
+// describes (a __grid_constant__ parameter) into shared memory, completed on a
+// transaction-counting barrier like copy_bulk; elements outside the tensor arrive
+// as zeros and are never read. The destination is 128-byte aligned.
+__device__ __forceinline__ void copy_tensor_4d(void* shared, const void* map, int c0, int c1, int c2, int c3,
+                                               uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(shared_address(shared)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(shared_address(bar))
+      : "memory");
 }
 
 // A plain arrival on a barrier (release: the arriving thread's earlier writes are

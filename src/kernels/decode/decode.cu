@@ -29,6 +29,7 @@
 // finishes last merges its group's heads (merge_group). Inside one MMA the reduction over D runs
 // in a fixed permutation of D, the same for Q and K; O^T's rows are a fixed
 // permutation of D, undone when O is written.
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -185,36 +186,59 @@ struct DecodeBlock {
     const DecodeGeometry& g = p.geometry;
     uint8_t* const dst = s.stage + size_t(slot) * g.pages_per_stage * g.slot_bytes;
     const int e0 = j * g.pages_per_stage, entries = int(span.last - span.first);
-    {
-      unsigned long long ok = 0;
-      for (int q0 = 0; q0 < g.pages_per_stage; q0 += 32) {
-        const int q = q0 + th.lane;
-        const bool loaded = q < g.pages_per_stage && e0 + q < entries && s.pages[e0 + q] >= 0;
-        ok |= (unsigned long long)__ballot_sync(0xFFFFFFFFu, loaded) << q0;
-      }
-      if (th.lane == 0) s.page_ok[slot] = ok;
-      if (g.dense) {
-        // Every loaded page brings slot_bytes (its span, or four planes that add up to it).
-        if (th.lane == 0) arrive_expect_bytes(&s.full[slot], unsigned(__popcll(ok)) * unsigned(g.slot_bytes));
-        __syncwarp();
-        for (int q = th.lane; q < g.pages_per_stage; q += 32) {
-          if (((ok >> q) & 1ull) == 0) continue;
-          const int64_t page = s.pages[e0 + q];
-          uint8_t* const slot_start = dst + q * g.slot_bytes;
-          if (g.span) {
-            copy_bulk(slot_start, s.plane_base[0] + page * p.layout.region(Region::kKData).page, unsigned(g.slot_bytes),
-                      &s.full[slot]);
-          } else {
-            for (int ri = 0; ri < kRegionCount; ++ri) {
-              const Region r = Region(ri);
-              copy_bulk(slot_start + g.plane_offset[ri], s.plane_base[ri] + page * p.layout.region(r).page,
-                        unsigned(plane_bytes(r)), &s.full[slot]);
-            }
+    unsigned long long ok = 0;
+    for (int q0 = 0; q0 < g.pages_per_stage; q0 += 32) {
+      const int q = q0 + th.lane;
+      const bool loaded = q < g.pages_per_stage && e0 + q < entries && s.pages[e0 + q] >= 0;
+      ok |= (unsigned long long)__ballot_sync(0xFFFFFFFFu, loaded) << q0;
+    }
+    if (th.lane == 0) s.page_ok[slot] = ok;
+    if (g.dense) {
+      // Every loaded page brings slot_bytes (its span, or four planes that add up to it).
+      if (th.lane == 0) arrive_expect_bytes(&s.full[slot], unsigned(__popcll(ok)) * unsigned(g.slot_bytes));
+      __syncwarp();
+      for (int q = th.lane; q < g.pages_per_stage; q += 32) {
+        if (((ok >> q) & 1ull) == 0) continue;
+        const int64_t page = s.pages[e0 + q];
+        uint8_t* const slot_start = dst + q * g.slot_bytes;
+        if (g.span) {
+          copy_bulk(slot_start, s.plane_base[0] + page * p.layout.region(Region::kKData).page, unsigned(g.slot_bytes),
+                    &s.full[slot]);
+        } else {
+          for (int ri = 0; ri < kRegionCount; ++ri) {
+            const Region r = Region(ri);
+            copy_bulk(slot_start + g.plane_offset[ri], s.plane_base[ri] + page * p.layout.region(r).page,
+                      unsigned(plane_bytes(r)), &s.full[slot]);
           }
         }
       }
     }
     if (g.dense) return;
+    if (g.tensor_rows) {
+      // One tensor copy per region and loaded page: its (page, head) rows, each
+      // row_pitch bytes wide (zeros past a row's columns, or the next head's bytes
+      // where the heads share a row), onto the full barrier like the dense copies.
+      // A page brings its boxes' bytes, N rows of row_pitch per region: less than
+      // slot_bytes where the planes are padded to 128 bytes (run 40: expecting
+      // slot_bytes hung odd page sizes, the barrier never completing).
+      const CacheDims& d = p.layout.dims();
+      const unsigned page_bytes = unsigned(d.tokens_per_page) * unsigned(g.row_pitch[0] + g.row_pitch[1] + g.row_pitch[2] + g.row_pitch[3]);
+      if (th.lane == 0) arrive_expect_bytes(&s.full[slot], unsigned(__popcll(ok)) * page_bytes);
+      __syncwarp();
+      for (int q = th.lane; q < g.pages_per_stage; q += 32) {
+        if (((ok >> q) & 1ull) == 0) continue;
+        const int page = s.pages[e0 + q];
+        uint8_t* const slot_start = dst + q * g.slot_bytes;
+        for (int ri = 0; ri < kRegionCount; ++ri) {
+          const Region r = Region(ri);
+          const bool flat = tensor_rows_flat(p.layout.region(r).head, d.heads);
+          copy_tensor_4d(slot_start + g.plane_offset[ri], &p.rows[ri],
+                         flat ? int(th.kv_head * d.columns(r)) - tensor_row_shift(th.kv_head, d.columns(r)) : 0, 0,
+                         flat ? 0 : int(th.kv_head), page, &s.full[slot]);
+        }
+      }
+      return;
+    }
     for (int q = 0; q < g.pages_per_stage; ++q) {
       if (e0 + q >= entries) break;
       const int64_t page = s.pages[e0 + q];
@@ -298,6 +322,7 @@ struct DecodeBlock {
   __device__ void build_tables() const {
     const DecodeGeometry& g = p.geometry;
     const int padded = (stage_tokens + kTile - 1) / kTile * kTile;
+    const CacheDims& d = p.layout.dims();
     const TileMap kd = p.layout.tile(Region::kKData, 0, 0, 0), ks = p.layout.tile(Region::kKScale, 0, 0, 0);
     const TileMap vd = p.layout.tile(Region::kVData, 0, 0, 0), vs = p.layout.tile(Region::kVScale, 0, 0, 0);
     for (int i = th.tid; i < padded; i += kConsumerThreads) {
@@ -305,7 +330,11 @@ struct DecodeBlock {
       const int64_t t = i < stage_tokens ? i % n : 0;
       const uint32_t base = uint32_t(slot * g.slot_bytes);
       const auto row = [&](Region r, const TileMap& tile) {
-        const int64_t at = g.dense ? tile.token(t) : t * (is_scale(r) ? kD / 16 : kD / 2);
+        const int64_t at = g.dense ? tile.token(t)
+                                   : t * g.row_pitch[int(r)] +
+                                         (g.tensor_rows && tensor_rows_flat(p.layout.region(r).head, d.heads)
+                                              ? tensor_row_shift(th.kv_head, d.columns(r))
+                                              : 0);
         return base + uint32_t(g.plane_offset[int(r)] + at);
       };
       s.krow[i] = make_uint2(row(Region::kKData, kd), row(Region::kKScale, ks));
@@ -621,7 +650,7 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
     // two per producer lane (issue). Empty: every consumer thread once it has read
     // the slot (each its own release, no warp-level ordering assumed).
     for (int i = 0; i < g.stages; ++i) {
-      barrier_init(&s.full[i], g.dense ? 1 : 64);
+      barrier_init(&s.full[i], g.dense || g.tensor_rows ? 1 : 64);
       barrier_init(&s.empty[i], kConsumerThreads);
     }
     barrier_init_fence();
@@ -632,7 +661,7 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   }
   __syncthreads();  // flags zeroed before load_pages may set them; barriers ready
   // Row mode leaves a canonical plane's padding (columns past D) untouched: zero it once.
-  if (!g.dense)
+  if (!g.dense && !g.tensor_rows)
     for (size_t i = th.tid * 16; i < size_t(g.stages) * g.pages_per_stage * g.slot_bytes; i += kThreads * 16)
       *reinterpret_cast<uint4*>(s.stage + i) = make_uint4(0, 0, 0, 0);
   block.load_pages();
@@ -657,10 +686,14 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   __syncthreads();
   if (producer) {
     for (int j = g.stages, slot = 0, phase = 0; j < stages; ++j) {
-      barrier_wait(&s.empty[slot], phase);  // the consumers of stage j - stages are done
+      barrier_wait_bounded(&s.empty[slot], phase);  // the consumers of stage j - stages are done
       block.issue(j, slot);
       if (++slot == g.stages) slot = 0, phase ^= 1;
     }
+    // And of the stages still in flight, with the same bound: a stage that never lands
+    // (its copies short of the bytes its barrier expects) keeps the consumers waiting
+    // for good, and this wait turns that into a trap instead of a hung kernel.
+    for (int j = max(stages - g.stages, 0); j < stages; ++j) barrier_wait_bounded(&s.empty[j % g.stages], (j / g.stages) & 1);
     // Every consumer is done with the stages: one block-wide barrier (id 0, all
     // threads) that the producer and the consumers reach from their own branches,
     // in its non-aligned form (sync_threads).
@@ -914,9 +947,60 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
   return cudaSuccess;
 }
 
+namespace {
+
+// The driver's tensor-map encoder, found once through the runtime (no libcuda link).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// p.rows: each region of the call's layer as a 4-D byte tensor (columns, token,
+// head, page) whose box is one (page, head) tile of N rows of row_pitch bytes; where
+// the heads share a row (tensor_rows_flat) the columns run over all heads and the
+// head dimension has extent 1. An extent of 1 takes a stride past the dimension
+// before it (any stride the copy engine accepts).
+cudaError_t encode_tensor_rows(DecodeParams& p) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (!encode) return cudaErrorNotSupported;
+  const CacheDims& d = p.layout.dims();
+  const auto up16 = [](uint64_t b) { return (b + 15) / 16 * 16; };
+  for (int ri = 0; ri < kRegionCount; ++ri) {
+    const Region r = Region(ri);
+    const RegionMap& m = p.layout.region(r);
+    const bool flat = tensor_rows_flat(m.head, d.heads);
+    const uint64_t cols = uint64_t(d.columns(r)), n = uint64_t(d.tokens_per_page);
+    const cuuint64_t dims[4] = {flat ? cols * uint64_t(d.heads) : cols, n, flat ? 1 : uint64_t(d.heads), uint64_t(d.pages)};
+    cuuint64_t strides[3];
+    strides[0] = n == 1 ? up16(dims[0]) : uint64_t(m.token.stride);
+    strides[1] = dims[2] == 1 ? up16(strides[0] * n) : uint64_t(m.head);
+    strides[2] = dims[3] == 1 ? up16(strides[1] * dims[2]) : uint64_t(m.page);
+    const cuuint32_t box[4] = {cuuint32_t(p.geometry.row_pitch[ri]), cuuint32_t(n), 1, 1};
+    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    uint8_t* base = p.cache.ptr[m.buffer] + m.offset + p.args.layer * m.layer;
+    const CUresult e = encode(&p.rows[ri], CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, base, dims, strides, box, element_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (e != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
 cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (p.args.batch.batch == 0) return cudaSuccess;
-  return decode::dispatch(p, decode::LaunchOp{p, stream});
+  if (!p.geometry.tensor_rows) return decode::dispatch(p, decode::LaunchOp{p, stream});
+  DecodeParams q = p;
+  if (const cudaError_t e = encode_tensor_rows(q); e != cudaSuccess) return e;
+  return decode::dispatch(q, decode::LaunchOp{q, stream});
 }
 
 }  // namespace nvfp4kv::kernels

@@ -2,6 +2,7 @@
 // The decode-attention family: one query token per sequence against its pages
 // of the NVFP4 cache, split over thread blocks and merged (core/ops.hpp
 // DecodeArgs says what it computes; src/kernels/decode/decode.cu how).
+#include <cuda.h>  // CUtensorMap (a plain struct; the driver is reached through the runtime's entry points)
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -16,6 +17,9 @@ struct DecodeParams {
   CacheBuffers cache;
   DecodeArgs args;
   DecodeGeometry geometry;
+  // geometry.tensor_rows: each region's (page, head) tiles of this call's layer, as
+  // the copy engine reads them (filled by launch_decode from the layout and the buffers).
+  CUtensorMap rows[kRegionCount] = {};
 };
 
 // Fills p.geometry (core's plan_decode_geometry) from the layout and the args'
