@@ -26,10 +26,11 @@ from nvfp4kv import reference  # noqa: E402
 # real model alike (sums taken in another order); a reader that swaps K and V moves them by 1.0
 # to 1.4 of it, and quantizing with the other scale rule by 0.13.
 TOLERANCE = 1e-5
-# The kernels take queries and hand back outputs in bfloat16 (a relative step of 2^-8) and the
-# GPU's gather rounds K/V to bfloat16: not yet measured on the H200, so a bound from that step
-# alone, still 50x below what the swapped reader gives.
-GPU_TOLERANCE = 2e-2
+# The kernels take queries and hand back outputs in bfloat16 (a relative step of 2^-8), compounded
+# over the tiny models' two layers. Measured on the H200 (session 8, run 42, chunks through the
+# prefill kernel): gemma2 (soft-cap 2, window 8) 0.0202, past the 0.02 first guessed from the
+# step alone; 0.03 is that measurement's bound, still over 30x below what the swapped reader gives.
+GPU_TOLERANCE = 3e-2
 K_SCALE, V_SCALE = 0.004, 0.003  # dequant multipliers: block scales well inside E4M3's normal range
 
 
