@@ -52,6 +52,7 @@ Result decode_attention(const ValidLayout& layout, const CacheBuffers& buffers, 
   if (std::string p = decode_problem(layout, buffers, a); !p.empty()) return api::invalid(who, p);
   if (Result r = api::gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
   if (Result r = api::format_checks(layout, a.layer, who); !r.ok()) return r;
+  if (Result r = api::code_order_checks(layout, who); !r.ok()) return r;
   if (a.batch.batch == 0) return {};
   if (!a.out) return api::invalid(who, "the output (batch, q_heads, D) is required");
   if (!api::aligned(a.q, 16) || !api::aligned(a.out, 16)) return api::invalid(who, "query and output must be 16-byte aligned");

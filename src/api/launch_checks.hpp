@@ -64,6 +64,18 @@ inline Result format_checks(const ValidLayout& layout, int64_t layer, const char
   return {};
 }
 
+// Decode attention places E2M1 codes by their bits, so it reads the standard order only so
+// far: another is refused. Store, gather and prefill move each data word's bits to or from
+// the standard order and take any.
+inline Result code_order_checks(const ValidLayout& layout, const char* who) {
+  if (const CodeOrder& codes = layout.layout().codes; !codes.is_standard())
+    return {Status::kUnsupported, std::string(who) + ": layout " + quote_text(layout.layout().name) +
+                                      " keeps a data byte's codes in the " + code_order_text(codes) +
+                                      " order; decode attention reads the standard order only so far (store, gather, "
+                                      "prefill and the CPU reference take any)"};
+  return {};
+}
+
 inline Result from_cuda(cudaError_t e, const char* who) {
   if (e == cudaSuccess) return {};
   return {Status::kCudaError, std::string(who) + ": " + cudaGetErrorString(e)};

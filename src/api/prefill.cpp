@@ -2,6 +2,7 @@
 // rules, the GPU's own, the geometry from the shape, then the launches.
 #include "nvfp4kv/api/prefill.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "../kernels/common/arch.hpp"
@@ -91,6 +92,9 @@ Result mixed_attention(const ValidLayout& layout, const CacheBuffers& buffers, c
   // Every argument checked once for the whole batch before any launch.
   if (std::string p = prefill_problem(layout, buffers, whole); !p.empty()) return api::invalid(who, p);
   if (Result r = api::format_checks(layout, whole.layer, who); !r.ok()) return r;
+  // Runs of q length 1 go to decode, which reads the standard code order only so far.
+  if (std::any_of(runs.begin(), runs.end(), [](const AttentionRun& run) { return run.decode; }))
+    if (Result r = api::code_order_checks(layout, who); !r.ok()) return r;
   for (const AttentionRun& run : runs) {
     const Result r = run.decode ? decode_attention(layout, buffers, decode_run(layout, m, run), stream)
                                 : prefill_attention(layout, buffers, prefill_run(m, run), stream);

@@ -144,6 +144,7 @@ int cmd_show(const Args& a) {
                           {"dims", dims_json(l.dims)},
                           {"assumed", ld.assumed},
                           {"buffers", buffers},
+                          {"codes", code_order_text(l.codes)},
                           {"capacity_tokens", cells},
                           {"total_bytes", l.total_bytes()},
                           {"bytes_per_token_per_layer", double(l.total_bytes()) / double(cells * l.dims.layers)},
@@ -159,6 +160,8 @@ int cmd_show(const Args& a) {
   if (!l.summary.empty()) std::cout << "         " << l.summary << "\n";
   std::cout << provenance_text(l.provenance, "         ", true);
   print_regions(l, &res.report);
+  std::cout << "codes    " << code_order_text(l.codes)
+            << (l.codes.is_standard() ? " (element 2j in a data byte's low nibble)" : " (docs/layouts.md, \"codes\")") << "\n";
   std::cout << "format\n" << format_text(format, l.dims);
   std::cout << "check    " << res.report.summary() << "\n\n" << map;
   return verdict_code(res.report);
@@ -207,7 +210,8 @@ int cmd_compare(const Args& a) {
                     {"note", m.note}, {"text", m.text("the reader")}});
     for (Region reg : kAllRegions) per[region_name(reg)] = rep.misplaced_per_region[size_t(reg)];
     print_json("layout compare", {{"writer", w.layout.name}, {"reader", r.layout.name}, {"dims", dims_json(wd)},
-                             {"assumed", w.assumed}, {"agree", rep.agree}, {"elements", rep.elements},
+                             {"assumed", w.assumed}, {"agree", rep.agree}, {"codes_agree", rep.codes_agree},
+                             {"writer_codes", rep.writer_codes}, {"reader_codes", rep.reader_codes}, {"elements", rep.elements},
                              {"misplaced", rep.misplaced}, {"misplaced_per_region", per}, {"examples", ex},
                              {"differences", di}});
     return rep.agree ? kExitOk : kExitVerdict;

@@ -189,6 +189,11 @@ Kit generate(const ValidLayout& valid, const KitOptions& opt) {
   kit.options = opt;
   kit.valid = valid;
   require(opt.type == ElementType::kBFloat16 || opt.type == ElementType::kFloat16, "rows are bf16 or fp16");
+  // The signatures are found in the engine's bytes as standard-order codes (check_read and
+  // trace search for them byte by byte), so a kit needs a layout whose data bytes keep that order.
+  require(l.codes.is_standard(), "layout " + quote_text(l.name) + " keeps a data byte's codes in the " +
+                                     code_order_text(l.codes) +
+                                     " order; conformance kits cover the standard order only so far");
   require(opt.layer >= 0 && opt.layer < d.layers,
           "layer " + std::to_string(opt.layer) + " is outside the layout's [0, " + std::to_string(d.layers) + ")");
   // The signatures are designed in the stored codes of the standard rule: a transform or 4over6

@@ -40,6 +40,8 @@ std::string layout_mismatch(const Layout& a, const Layout& b) {
            std::to_string(x.tokens_per_page) + ", heads " + std::to_string(x.heads) + ", head dim " +
            std::to_string(x.head_dim) + " in the kit";
   if (a.buffers.size() != b.buffers.size()) return "the layouts have different buffers";
+  if (!(a.codes == b.codes))
+    return "the code order differs: " + code_order_text(a.codes) + " in the kit, " + code_order_text(b.codes) + " here";
   for (size_t i = 0; i < a.buffers.size(); ++i)
     if (a.buffers[i].name != b.buffers[i].name || a.buffers[i].bytes != b.buffers[i].bytes ||
         a.buffers[i].per_layer != b.buffers[i].per_layer)

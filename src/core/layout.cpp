@@ -122,8 +122,60 @@ Term mode_term(const Mode& m, int64_t extent, const char* dim) {
 
 }  // namespace
 
+namespace {
+struct NamedOrder {
+  const char* name;
+  CodeOrder order;
+};
+constexpr NamedOrder kNamedOrders[] = {
+    {"standard", {{0, 1, 2, 3, 4, 5, 6, 7}}},
+    {"high-first", {{4, 5, 6, 7, 0, 1, 2, 3}}},
+    {"fp16-split", {{1, 2, 3, 7, 4, 5, 6, 0}}},
+};
+}  // namespace
+
+std::optional<CodeOrder> code_order_named(std::string_view name) {
+  for (const NamedOrder& n : kNamedOrders)
+    if (name == n.name) return n.order;
+  return std::nullopt;
+}
+
+std::string code_order_name(const CodeOrder& order) {
+  for (const NamedOrder& n : kNamedOrders)
+    if (n.order == order) return n.name;
+  return "";
+}
+
+std::string code_order_text(const CodeOrder& order) {
+  if (std::string name = code_order_name(order); !name.empty()) return name;
+  std::string out;
+  for (int e = 0; e < 2; ++e) {
+    out += e ? " odd [" : "even [";
+    for (int c = 0; c < 4; ++c) out += (c ? "," : "") + std::to_string(order.bit[4 * e + c]);
+    out += "]";
+  }
+  return out;
+}
+
+std::string code_order_problem(const CodeOrder& order) {
+  static const char* const kBits[4] = {"mantissa", "exponent bit 0", "exponent bit 1", "sign"};
+  int owner[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
+  for (int i = 0; i < 8; ++i) {
+    const int b = order.bit[i];
+    const std::string what = std::string(i < 4 ? "the even element's " : "the odd element's ") + kBits[i % 4];
+    if (b > 7) return "codes: " + what + " is at bit " + std::to_string(b) + "; a byte has bits 0 to 7";
+    if (owner[b] >= 0)
+      return "codes: bit " + std::to_string(b) + " holds both " +
+             (owner[b] < 4 ? "the even element's " : "the odd element's ") + kBits[owner[b] % 4] + " and " + what +
+             "; each of a byte's 8 bits holds one code bit";
+    owner[b] = i;
+  }
+  return "";
+}
+
 std::string evaluation_problem(const Layout& l) {
   if (std::string p = dims_problem(l.dims); !p.empty()) return p;
+  if (std::string p = code_order_problem(l.codes); !p.empty()) return p;
   const CacheDims& d = l.dims;
   const std::string bound = std::to_string(kOffsetLimit) + " (2^62)";
   if (l.buffers.empty()) return "the layout names no buffer";
@@ -233,6 +285,7 @@ LayoutView ValidLayout::view() const {
     v.regions_[int(r)] = layout_.region(r);
     v.access_[int(r)] = report_.access[size_t(r)];
   }
+  v.codes_ = layout_.codes;
   return v;
 }
 

@@ -173,9 +173,12 @@ CompareReport compare(const Layout& writer, const Layout& reader, int max_exampl
     rep.misplaced_per_region[size_t(r)] = total - int64_t(agree);
   }
   for (int64_t m : rep.misplaced_per_region) rep.misplaced += m;
-  rep.agree = rep.misplaced == 0;
+  rep.writer_codes = code_order_text(writer.codes);
+  rep.reader_codes = code_order_text(reader.codes);
+  rep.codes_agree = writer.codes == reader.codes;
+  rep.agree = rep.misplaced == 0 && rep.codes_agree;
   // A few, spread over the regions that differ and over their rows; bounded work.
-  if (!rep.agree) rep.examples = spread_examples(writer, reader, max_examples);
+  if (rep.misplaced > 0) rep.examples = spread_examples(writer, reader, max_examples);
   return rep;
 }
 
@@ -185,10 +188,19 @@ std::string CompareReport::summary(const std::string& w, const std::string& r) c
     s << "agree: " << quote_text(w) << " and " << quote_text(r) << " place all " << elements << " elements at the same bytes";
     return s.str();
   }
+  if (misplaced == 0) {
+    s << "DISAGREE: " << quote_text(w) << " (writer) and " << quote_text(r) << " (reader) place all " << elements
+      << " elements at the same bytes but keep a data byte's two codes at different bits (writer " << writer_codes
+      << ", reader " << reader_codes << "): every K and V value is misread";
+    return s.str();
+  }
   s << "DISAGREE: " << quote_text(w) << " (writer) and " << quote_text(r) << " (reader) place " << misplaced << " of " << elements
     << " elements differently (";
   for (Region reg : kAllRegions)
     s << region_name(reg) << " " << misplaced_per_region[size_t(reg)] << (reg == Region::kVScale ? ")" : ", ");
+  if (!codes_agree)
+    s << "; and they keep a data byte's two codes at different bits (writer " << writer_codes << ", reader " << reader_codes
+      << ")";
   for (const Misplacement& m : examples)
     s << "\n  " << describe_element(m.region, m.coord) << ": writer byte " << m.writer_byte << " of "
       << quote_text(m.writer_buffer) << ", reader byte " << m.reader_byte << " of " << quote_text(m.reader_buffer);

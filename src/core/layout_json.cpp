@@ -69,6 +69,37 @@ LayoutSpec::ModeSpec mode_spec(const json& v, const std::string& where) {
   return m;
 }
 
+// "codes": where a data byte keeps its two E2M1 codes, by name ("standard",
+// "high-first", "fp16-split") or as {"even": [m, e0, e1, s], "odd": [m, e0, e1, s]}, the
+// byte's bit holding each code bit of element 2j (even) and 2j + 1 (odd).
+CodeOrder code_order_of(const json& v) {
+  if (v.is_string()) {
+    const std::string name = v.get<std::string>();
+    if (const std::optional<CodeOrder> o = code_order_named(name)) return *o;
+    throw LayoutError("codes: " + quote_text(name) +
+                      " is not a code order; give \"standard\", \"high-first\", \"fp16-split\" or "
+                      "{\"even\": [m, e0, e1, s], \"odd\": [m, e0, e1, s]} (bit positions)");
+  }
+  if (!v.is_object()) throw LayoutError("codes: expected a name or an object, got " + json_excerpt(v));
+  require_keys(v, {"even", "odd"}, "codes");
+  CodeOrder o;
+  for (int e = 0; e < 2; ++e) {
+    const char* key = e ? "odd" : "even";
+    if (!v.contains(key) || !v[key].is_array() || v[key].size() != 4)
+      throw LayoutError(std::string("codes.") + key + ": expected 4 bit positions [m, e0, e1, s], got " +
+                        (v.contains(key) ? json_excerpt(v[key]) : std::string("nothing")));
+    for (int c = 0; c < 4; ++c) {
+      const json& b = v[key][size_t(c)];
+      if (!b.is_number_integer() || b.get<int64_t>() < 0 || b.get<int64_t>() > 7)
+        throw LayoutError(std::string("codes.") + key + "[" + std::to_string(c) + "]: expected a bit position 0 to 7, got " +
+                          json_excerpt(b));
+      o.bit[4 * e + c] = uint8_t(b.get<int64_t>());
+    }
+  }
+  if (std::string p = code_order_problem(o); !p.empty()) throw LayoutError(p);
+  return o;
+}
+
 // "provenance": where the layout comes from (docs/layouts.md). engine, version,
 // gpu_path, sources and expressions are required; role and notes are optional.
 Provenance provenance_of(const json& v) {
@@ -108,7 +139,7 @@ std::optional<int64_t> dim_value(const json& dims, const char* key) {
 
 LayoutSpec parse_layout_spec(std::string_view text) {
   const json doc = parse_strict(text);
-  require_keys(doc, {"name", "summary", "source", "provenance", "dims", "let", "buffers", "regions"}, "layout");
+  require_keys(doc, {"name", "summary", "source", "provenance", "dims", "let", "buffers", "regions", "codes"}, "layout");
   LayoutSpec spec;
   if (!doc.contains("name")) throw LayoutError("layout: \"name\" (a string) is required");
   spec.name = name_value(doc["name"], "layout.name");
@@ -117,6 +148,7 @@ LayoutSpec parse_layout_spec(std::string_view text) {
     spec.summary = doc["summary"].get<std::string>();
   }
   if (doc.contains("provenance")) spec.provenance = provenance_of(doc["provenance"]);
+  if (doc.contains("codes")) spec.codes = code_order_of(doc["codes"]);
   if (doc.contains("dims")) {
     const json& d = doc["dims"];
     require_keys(d, {"layers", "pages", "tokens_per_page", "heads", "head_dim"}, "dims");
@@ -191,6 +223,7 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
   l.name = spec.name;
   l.summary = spec.summary;
   l.provenance = spec.provenance;
+  l.codes = spec.codes;
   // A size the file fixes is part of the description: a different one from the
   // caller is a contradiction, never a silent override.
   const auto pick = [&](std::optional<int64_t> o, std::optional<int64_t> d, const char* what, const char* flag) {
@@ -288,6 +321,14 @@ std::string to_json(const Layout& l) {
   }
   doc["dims"] = {{"layers", l.dims.layers}, {"pages", l.dims.pages}, {"tokens_per_page", l.dims.tokens_per_page},
                  {"heads", l.dims.heads}, {"head_dim", l.dims.head_dim}};
+  if (!l.codes.is_standard()) {
+    if (std::string name = code_order_name(l.codes); !name.empty()) {
+      doc["codes"] = name;
+    } else {
+      const auto bits = [&](int e) { return json::array({l.codes.bit[4 * e], l.codes.bit[4 * e + 1], l.codes.bit[4 * e + 2], l.codes.bit[4 * e + 3]}); };
+      doc["codes"] = {{"even", bits(0)}, {"odd", bits(1)}};
+    }
+  }
   doc["buffers"] = json::array();
   for (const Buffer& b : l.buffers) doc["buffers"].push_back({{"name", b.name}, {"bytes", b.bytes}, {"per_layer", b.per_layer}});
   for (Region r : kAllRegions) {

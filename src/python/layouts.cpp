@@ -178,6 +178,7 @@ void bind_layouts(nb::module_& m) {
       .def_ro("agree", &CompareReport::agree)
       .def_ro("elements", &CompareReport::elements)
       .def_ro("misplaced", &CompareReport::misplaced)
+      .def_ro("codes_agree", &CompareReport::codes_agree)
       .def_prop_ro("misplaced_per_region", [](const CompareReport& r) { return per_region(r.misplaced_per_region); })
       .def_ro("examples", &CompareReport::examples)
       .def("summary", &CompareReport::summary, "writer_name"_a, "reader_name"_a);

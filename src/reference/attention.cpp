@@ -71,7 +71,7 @@ SequenceKv sequence_kv(const Layout& l, const CacheBuffers& buffers, const Batch
         std::vector<double>& dst = side == Side::kK ? r.k : r.v;
         for (int64_t h = 0; h < d.heads; ++h)
           for (int64_t e = 0; e < dim; ++e) {
-            const uint8_t byte = *element_address(l, buffers, reg.data, {layer, page, t, h, e / 2});
+            const uint8_t byte = l.codes.decode(*element_address(l, buffers, reg.data, {layer, page, t, h, e / 2}));
             const uint8_t sf = *element_address(l, buffers, reg.scale, {layer, page, t, h, e / kBlockSize});
             dst[size_t((e0 * d.tokens_per_page + t) * row + h * dim + e)] =
                 dequantize_element(byte, int(e % 2), sf, side == Side::kK ? kgs : vgs);

@@ -79,7 +79,7 @@ void store(const ValidLayout& valid, const CacheBuffers& buffers, const StoreArg
           *element_address(l, buffers, reg.scale, c) = q.scale;
           for (int j = 0; j < kBlockSize / 2; ++j) {
             c.column = g * (kBlockSize / 2) + j;
-            *element_address(l, buffers, reg.data, c) = q.packed[j];
+            *element_address(l, buffers, reg.data, c) = l.codes.encode(q.packed[j]);  // the layout's code order
           }
         }
       }
@@ -126,7 +126,7 @@ void gather(const ValidLayout& valid, const CacheBuffers& buffers, const GatherA
             for (int64_t e = 0; e < d.head_dim; ++e) {
               const Coord cd{a.layer, page, t, h, e / 2};
               const Coord cs{a.layer, page, t, h, e / kBlockSize};
-              const uint8_t byte = *element_address(l, buffers, reg.data, cd);
+              const uint8_t byte = l.codes.decode(*element_address(l, buffers, reg.data, cd));
               const uint8_t sf = *element_address(l, buffers, reg.scale, cs);
               values[size_t(e)] = dequantize_element(byte, int(e % 2), sf, gs);
             }

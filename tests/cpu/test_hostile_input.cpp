@@ -315,3 +315,45 @@ TEST(StrictText, PrintedFormKeepsALayerStrideOfAPerLayerRegion) {
 
 }  // namespace
 }  // namespace nvfp4kv
+
+namespace nvfp4kv {
+namespace {
+
+// "codes": a name or the bit lists; a wrong one is refused by name, and a layout keeps it
+// through to_json and back.
+TEST(StrictText, CodeOrdersLoadByNameOrBitsAndRoundTrip) {
+  const std::string base = R"({"name": "c", "dims": {"pages": 2, "tokens_per_page": 16, "heads": 1, "head_dim": 32},
+    "buffers": [{"name": "kv"}],
+    "regions": {"k_data": {"buffer": "kv", "page": "N*2*F", "head": 0, "token": "dd"},
+                "k_scale": {"buffer": "kv", "offset": "N*dd", "page": "N*2*F", "head": 0, "token": "sd"},
+                "v_data": {"buffer": "kv", "offset": "N*F", "page": "N*2*F", "head": 0, "token": "dd"},
+                "v_scale": {"buffer": "kv", "offset": "N*F + N*dd", "page": "N*2*F", "head": 0, "token": "sd"}}})";
+  const auto load = [&](const std::string& codes) {
+    return instantiate(parse_layout_spec(with(base, R"("buffers")", "\"codes\": " + codes + R"(, "buffers")")), {});
+  };
+  EXPECT_TRUE(instantiate(parse_layout_spec(base), {}).codes.is_standard());
+  const Layout split = load(R"("fp16-split")");
+  EXPECT_EQ(code_order_name(split.codes), "fp16-split");
+  EXPECT_TRUE(check(split).report.ok);
+  const Layout bits = load(R"({"even": [4, 5, 6, 7], "odd": [0, 1, 2, 3]})");
+  EXPECT_EQ(code_order_name(bits.codes), "high-first");
+  for (const Layout& l : {split, bits}) {  // to_json writes what instantiate reads back
+    const Layout back = instantiate(parse_layout_spec(to_json(l)), {});
+    EXPECT_TRUE(back.codes == l.codes);
+  }
+  EXPECT_EQ(to_json(instantiate(parse_layout_spec(base), {})).find("codes"), std::string::npos);  // standard: unsaid
+  for (const auto& [codes, says] : std::vector<std::pair<std::string, std::string>>{
+           {R"("nibbles")", "is not a code order"},
+           {R"({"even": [0, 1, 2, 3], "odd": [4, 5, 6, 6]})", "bit 6 holds both"},
+           {R"({"even": [0, 1, 2], "odd": [4, 5, 6, 7]})", "codes.even: expected 4 bit positions"},
+           {R"({"even": [0, 1, 2, 8], "odd": [4, 5, 6, 7]})", "codes.even[3]: expected a bit position 0 to 7"},
+           {R"({"even": [0, 1, 2, 3], "odd": [4, 5, 6, 7], "extra": 1})", "extra"},
+           {"7", "codes: expected a name or an object"}}) {
+    const std::string e = error_of([&] { load(codes); });
+    EXPECT_NE(e.find(says), std::string::npos) << codes << " -> " << e;
+    expect_one_short_line(e);
+  }
+}
+
+}  // namespace
+}  // namespace nvfp4kv

@@ -51,6 +51,7 @@ struct Case {
   float softcap = 0;
   bool sinks = false, lse = true, mixed = false;
   uint64_t seed = 1;
+  std::string codes = "standard";  // the layout's code order (where a data byte keeps its two codes)
 };
 
 struct Outcome : testing::Comparison {
@@ -63,7 +64,9 @@ struct Outcome : testing::Comparison {
 template <typename Mutate>
 Outcome run_case(const Case& k, Mutate mutate) {
   Outcome o;
-  const ValidLayout v = validate(instantiate(preset_spec(k.preset), {1, k.pages, k.tokens_per_page, k.kv_heads, k.head_dim}));
+  LayoutSpec spec = preset_spec(k.preset);
+  spec.codes = *code_order_named(k.codes);
+  const ValidLayout v = validate(instantiate(spec, {1, k.pages, k.tokens_per_page, k.kv_heads, k.head_dim}));
   const CacheDims& d = v.layout().dims;
   const auto host = harness::random_cache(v, 0, k.seed);
   const int64_t batch = int64_t(k.seqs.size());
@@ -237,6 +240,23 @@ TEST_F(GpuPrefill, EverySoundPresetMatchesTheReference) {
     ++ran;
   }
   EXPECT_GE(ran, 11);
+}
+
+// A layout whose data bytes keep their codes in another order: the prefill kernel moves
+// each word's bits back before placing them, and matches the reference (which reads the
+// order from the same layout); at D 64 and 128, native and strided rows.
+TEST_F(GpuPrefill, CodeOrdersOtherThanTheStandardOneMatchTheReference) {
+  for (const char* codes : {"high-first", "fp16-split"})
+    for (const char* preset : {"nvfp4kv-native", "flashinfer-nhd"})
+      for (int64_t dim : {64, 128}) {
+        Case k;
+        k.codes = codes;
+        k.preset = preset;
+        k.head_dim = dim;
+        k.seqs = {{37, 37}, {50, 120}, {0, 10}, {5, 130}};  // (q, kv): no q length 1 (prefill runs them all)
+        k.seed = uint64_t(dim) + 7;
+        expect_close(k, run_case(k), cat(codes, " ", preset, " D", dim));
+      }
 }
 
 // The mixed-batch call: q length 1 runs through decode, the rest through prefill.

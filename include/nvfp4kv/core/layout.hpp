@@ -57,6 +57,7 @@ struct Layout {
   CacheDims dims;
   std::vector<Buffer> buffers;
   std::array<RegionMap, kRegionCount> regions{};
+  CodeOrder codes;  // where a data byte keeps its two E2M1 codes (the standard order by default)
 
   const RegionMap& region(Region r) const { return regions[size_t(r)]; }
   int64_t offset(Region r, const Coord& c) const { return region_offset(region(r), c); }
@@ -71,6 +72,19 @@ struct Layout {
 
 // "k_data[layer 0, page 0, token 8, head 0, byte 0]" (group instead of byte for scales).
 std::string describe_element(Region r, const Coord& c);
+
+// The named code orders: "standard" (element 2j in the low nibble, each code s e1 e0 m
+// from bit 3 down), "high-first" (element 2j in the high nibble: what a packing
+// instruction whose first operand lands high writes) and "fp16-split" (element 2j as
+// the high byte of an FP16 would hold it, sign at bit 7 and e1 e0 m at bits 3..1;
+// element 2j + 1 with its sign at bit 0 and e1 e0 m at bits 6..4: a decoder places
+// both with fewer operations). code_order_name gives "" for an order without a name.
+std::optional<CodeOrder> code_order_named(std::string_view name);
+std::string code_order_name(const CodeOrder& order);
+// "standard", or the bit lists for an unnamed order: "even [0,1,2,3] odd [4,5,6,7]".
+std::string code_order_text(const CodeOrder& order);
+// Why these eight bit positions are not a code order ("" when they are): each of 0..7 once.
+std::string code_order_problem(const CodeOrder& order);
 
 // Rewrites a scale region whose (page, head) plane is linear and contiguous
 // (token stride D/16, column stride 1) into TensorRT-LLM's 4-token interleave
@@ -175,6 +189,10 @@ struct CompareReport {
   int64_t misplaced = 0;    // elements the two place at different (buffer, byte)
   std::array<int64_t, kRegionCount> misplaced_per_region{};
   std::vector<Misplacement> examples;  // a few, spread over regions and rows (spread_examples)
+  // Whether the two keep a data byte's two codes at the same bits (CodeOrder); when not,
+  // every data element is misread wherever its byte lies, and agree is false.
+  bool codes_agree = true;
+  std::string writer_codes, reader_codes;  // code_order_text of each
   std::string summary(const std::string& writer_name, const std::string& reader_name) const;
 };
 
@@ -210,6 +228,7 @@ struct LayoutSpec {
     ModeSpec token, column;
   };
   std::array<RegionSpec, kRegionCount> regions;
+  CodeOrder codes;  // "codes": a name or {"even": [m, e0, e1, s], "odd": [...]} bit positions
 };
 
 LayoutSpec parse_layout_spec(std::string_view json_text);          // throws LayoutError

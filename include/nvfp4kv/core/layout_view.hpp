@@ -34,6 +34,49 @@ NVFP4KV_HD SideRegions side_regions(Side s) {
   return s == Side::kK ? SideRegions{Region::kKData, Region::kKScale} : SideRegions{Region::kVData, Region::kVScale};
 }
 
+// Where a data byte keeps its two E2M1 codes: bit[4e + c] is the byte's bit that holds
+// bit c (0 the mantissa, 1 and 2 the exponent, 3 the sign) of element 2j + e. The
+// standard order puts element 2j in the low nibble and 2j + 1 in the high one, each
+// as s e1 e0 m; other engines or a decoder's own arrangement may differ, and a
+// layout says which (docs/layouts.md, "codes"). Writers encode a standard byte into
+// the layout's order; readers decode it back: the same eight bits, moved.
+struct CodeOrder {
+  uint8_t bit[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  NVFP4KV_HD bool is_standard() const {
+    for (int i = 0; i < 8; ++i)
+      if (bit[i] != i) return false;
+    return true;
+  }
+  // A standard byte (element 2j in bits 0..3) in this order.
+  NVFP4KV_HD uint8_t encode(uint8_t standard) const {
+    unsigned out = 0;
+    for (int i = 0; i < 8; ++i) out |= ((standard >> i) & 1u) << bit[i];
+    return uint8_t(out);
+  }
+  // A byte in this order as a standard byte.
+  NVFP4KV_HD uint8_t decode(uint8_t stored) const {
+    unsigned out = 0;
+    for (int i = 0; i < 8; ++i) out |= ((stored >> bit[i]) & 1u) << i;
+    return uint8_t(out);
+  }
+  // Four data bytes at once (a little-endian word), each encoded / decoded alike.
+  NVFP4KV_HD uint32_t encode_word(uint32_t standard) const {
+    uint32_t out = 0;
+    for (int i = 0; i < 8; ++i) out |= ((standard >> i) & 0x01010101u) << bit[i];
+    return out;
+  }
+  NVFP4KV_HD uint32_t decode_word(uint32_t stored) const {
+    uint32_t out = 0;
+    for (int i = 0; i < 8; ++i) out |= ((stored >> bit[i]) & 0x01010101u) << i;
+    return out;
+  }
+  friend bool operator==(const CodeOrder& a, const CodeOrder& b) {
+    for (int i = 0; i < 8; ++i)
+      if (a.bit[i] != b.bit[i]) return false;
+    return true;
+  }
+};
+
 struct CacheDims {
   int64_t layers = 1;
   int64_t pages = 0;
@@ -145,6 +188,8 @@ class LayoutView {
   NVFP4KV_HD int64_t head_step(Region r) const { return regions_[int(r)].head; }
   NVFP4KV_HD const RegionAccess& access(Region r) const { return access_[int(r)]; }
   NVFP4KV_HD int vector_bytes(Region r) const { return access_[int(r)].vector_bytes; }
+  // Where a data byte keeps its two codes (the same for K and V).
+  NVFP4KV_HD const CodeOrder& codes() const { return codes_; }
 
  private:
   friend class ValidLayout;
@@ -152,6 +197,7 @@ class LayoutView {
   CacheDims dims_;
   RegionMap regions_[kRegionCount];
   RegionAccess access_[kRegionCount];
+  CodeOrder codes_;
 };
 
 }  // namespace nvfp4kv

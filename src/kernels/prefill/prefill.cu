@@ -91,6 +91,9 @@ __device__ __forceinline__ void dequant_group(const PrefillParams& p, Side side,
       for (int b = 0; b < 4; ++b) w[k] |= uint32_t(data[td.offset(token, 8 * g + 4 * k + b)]) << (8 * b);
     }
   }
+  // A layout whose data bytes keep their codes in another order: back to the standard
+  // order first (a bit move per byte; this dequantization is amortized over the tile's rows).
+  if (const CodeOrder& codes = p.layout.codes(); !codes.is_standard()) w[0] = codes.decode_word(w[0]), w[1] = codes.decode_word(w[1]);
   const uint32_t sf = Format::scale_pair(scale[ts.offset(token, g)]);
   for (int k = 0; k < 2; ++k) {
     uint32_t r[4];  // pairs (0, 4), (1, 5), (2, 6), (3, 7) of the word's elements

@@ -108,6 +108,7 @@ __device__ __forceinline__ void store_device(const StoreParams& p, StoreShared& 
   uint8_t* const data_base = element_address(p.layout, p.cache, reg.data, c);
   const int64_t scale_head = p.layout.head_step(reg.scale), data_head = p.layout.head_step(reg.data);
   const bool vector_data = p.layout.vector_bytes(reg.data) >= 8;
+  const bool standard_codes = p.layout.codes().is_standard();  // else each data word is re-encoded
   const int64_t head_dim = kHeadDim ? kHeadDim : d.head_dim;
   // 16-byte aligned rows (checked on the host); head h's group starts h * D elements further.
   const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.rows.side(th.side)) +
@@ -133,7 +134,8 @@ __device__ __forceinline__ void store_device(const StoreParams& p, StoreShared& 
     wait_copies<kStages - 1>();
     const uint4 lo = smem.stage[j % kStages][0][th.slot], hi = smem.stage[j % kStages][1][th.slot];
     const int64_t h = th.first_head + j * th.head_stride;
-    const PackedBlock q = quantize<kType, kRule>(lo, hi, gs, a.status);
+    PackedBlock q = quantize<kType, kRule>(lo, hi, gs, a.status);
+    if (!standard_codes) q.data[0] = p.layout.codes().encode_word(q.data[0]), q.data[1] = p.layout.codes().encode_word(q.data[1]);
     scale_base[h * scale_head] = q.scale;
     if (vector_data) {
       *reinterpret_cast<uint2*>(data_base + h * data_head) = make_uint2(q.data[0], q.data[1]);
