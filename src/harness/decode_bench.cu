@@ -48,8 +48,7 @@ double check_small(const DecodeBenchShape& s) {
   const ValidLayout v = validate(instantiate(load_spec(s.layout), {1, batch * entries, s.tokens_per_page, s.kv_heads, s.head_dim}));
   const auto host = random_cache(v, 0, 3);
   DeviceCache cache(v.layout(), 0);
-  for (size_t b = 0; b < host.size(); ++b)
-    NVFP4KV_CUDA_CHECK(cudaMemcpy(cache.view().ptr[b], host[b].data(), host[b].size(), cudaMemcpyHostToDevice));
+  cache.upload(host);
   std::vector<int32_t> table(size_t(batch * entries)), lengths = {int32_t(context), int32_t(context - 7)};
   std::iota(table.begin(), table.end(), 0);
   std::mt19937_64 rng(4);

@@ -259,6 +259,39 @@ class Cache {
     }, layer, stream);
   }
 
+  // The query (rows, q heads, D) of a decode or attention call: on this cache's device,
+  // of a row type, heads packed. Returns its row stride in elements.
+  int64_t require_query(const ArrayFacts& q) const {
+    const CacheDims& d = layout_.layout().dims;
+    require_place(q, "q", place_);
+    require_dtype(q, "q", row_types());
+    require_ndim(q, "q", {-1, -1, d.head_dim});
+    return require_rows(q, "q", q.shape[1], d.head_dim);
+  }
+
+  // The kv lengths of `batch` sequences: seq_lens (batch,) or cu_seqlens (batch + 1,), exactly one.
+  ArrayFacts require_lengths(const std::optional<Array>& seq_lens, const std::optional<Array>& cu_seqlens,
+                             int64_t batch, const char* what) const {
+    if (bool(seq_lens) == bool(cu_seqlens))
+      fail("seq_lens", std::string("give the ") + what +
+                           " lengths as seq_lens (batch,) or as cu_seqlens (batch + 1,), exactly one");
+    const ArrayFacts lens(seq_lens ? *seq_lens : *cu_seqlens);
+    require_dense(lens, seq_lens ? "seq_lens" : "cu_seqlens", place_, {DType::kInt32}, {seq_lens ? batch : batch + 1});
+    return lens;
+  }
+
+  // The output beside its query: dense, of the query's type and shape; on the GPU both
+  // 16-byte aligned and the query's rows a multiple of 8 elements apart.
+  void require_output(const ArrayFacts& out, const ArrayFacts& q, int64_t q_stride) const {
+    const int64_t rows = q.shape[0];
+    require_dense(out, "out", place_, {dtype_of(q.dtype)}, {rows, q.shape[1], layout_.layout().dims.head_dim});
+    if (!place_.cuda) return;
+    require_aligned(q.data, "q", 16);
+    require_aligned(out.data, "out", 16);
+    if (rows > 1 && q_stride % 8 != 0)
+      fail("q", "the row stride must be a multiple of 8 elements, got " + std::to_string(q_stride));
+  }
+
   // The fields decode and attention calls share (DecodeArgs and PrefillArgs spell
   // them alike): the query, the block table and kv lengths (seq_lens or cu_seqlens),
   // the layer's global scales, the options, the outputs (lse of `rows` rows, checked
@@ -302,29 +335,15 @@ class Cache {
               std::optional<Array> cu_seqlens_array, int64_t layer, const OutArray& out_array, float softmax_scale,
               int64_t window, float softcap, std::optional<Array> sinks_array, std::optional<OutArray> lse_array,
               std::optional<OutArray> workspace_array, uintptr_t stream) {
-    const CacheDims& d = layout_.layout().dims;
     require_layer(layer);
     const ArrayFacts q(q_array), out(out_array);
-    require_place(q, "q", place_);
-    require_dtype(q, "q", row_types());
-    require_ndim(q, "q", {-1, -1, d.head_dim});
+    const int64_t q_stride = require_query(q);
     const int64_t batch = q.shape[0], q_heads = q.shape[1];
-    const int64_t q_stride = require_rows(q, "q", q_heads, d.head_dim);
     const int64_t table_batch = require_block_table(ArrayFacts(block_table_array));
     if (table_batch != batch)
       fail("block_table", "expected " + std::to_string(batch) + " rows (one per query), got " + std::to_string(table_batch));
-    if (bool(seq_lens_array) == bool(cu_seqlens_array))
-      fail("seq_lens", "give the sequence lengths as seq_lens (batch,) or as cu_seqlens (batch + 1,), exactly one");
-    const ArrayFacts lens(seq_lens_array ? *seq_lens_array : *cu_seqlens_array);
-    const std::string lens_name = seq_lens_array ? "seq_lens" : "cu_seqlens";
-    require_dense(lens, lens_name, place_, {DType::kInt32}, {seq_lens_array ? batch : batch + 1});
-    require_dense(out, "out", place_, {dtype_of(q.dtype)}, {batch, q_heads, d.head_dim});
-    if (place_.cuda) {
-      require_aligned(q.data, "q", 16);
-      require_aligned(out.data, "out", 16);
-      if (batch > 1 && q_stride % 8 != 0)
-        fail("q", "the row stride must be a multiple of 8 elements, got " + std::to_string(q_stride));
-    }
+    const ArrayFacts lens = require_lengths(seq_lens_array, cu_seqlens_array, batch, "sequence");
+    require_output(out, q, q_stride);
     DecodeArgs a;
     fill_shared_args(a, q, q_heads, q_stride, block_table_array, bool(seq_lens_array), lens, batch, layer, softmax_scale,
                      window, softcap, sinks_array, out_array, lse_array, batch);
@@ -352,14 +371,10 @@ class Cache {
                  std::optional<Array> cu_seqlens_array, int64_t layer, const OutArray& out_array, float softmax_scale,
                  int64_t window, float softcap, std::optional<Array> sinks_array, std::optional<OutArray> lse_array,
                  std::optional<OutArray> workspace_array, uintptr_t stream) {
-    const CacheDims& d = layout_.layout().dims;
     require_layer(layer);
     const ArrayFacts q(q_array), out(out_array);
-    require_place(q, "q", place_);
-    require_dtype(q, "q", row_types());
-    require_ndim(q, "q", {-1, -1, d.head_dim});
+    const int64_t q_stride = require_query(q);
     const int64_t rows = q.shape[0], q_heads = q.shape[1];
-    const int64_t q_stride = require_rows(q, "q", q_heads, d.head_dim);
     const int64_t batch = require_block_table(ArrayFacts(block_table_array));
     if (int64_t(q_lens.size()) != batch)
       fail("q_lens", "expected " + std::to_string(batch) + " lengths (one per block-table row), got " +
@@ -371,18 +386,8 @@ class Cache {
     }
     if (total != rows) fail("q", "expected " + std::to_string(total) + " rows (the sum of q_lens), got " + std::to_string(rows));
     require_dense(ArrayFacts(cu_q_array), "cu_seqlens_q", place_, {DType::kInt32}, {batch + 1});
-    if (bool(seq_lens_array) == bool(cu_seqlens_array))
-      fail("seq_lens", "give the kv lengths as seq_lens (batch,) or as cu_seqlens (batch + 1,), exactly one");
-    const ArrayFacts lens(seq_lens_array ? *seq_lens_array : *cu_seqlens_array);
-    require_dense(lens, seq_lens_array ? "seq_lens" : "cu_seqlens", place_, {DType::kInt32},
-                  {seq_lens_array ? batch : batch + 1});
-    require_dense(out, "out", place_, {dtype_of(q.dtype)}, {rows, q_heads, d.head_dim});
-    if (place_.cuda) {
-      require_aligned(q.data, "q", 16);
-      require_aligned(out.data, "out", 16);
-      if (rows > 1 && q_stride % 8 != 0)
-        fail("q", "the row stride must be a multiple of 8 elements, got " + std::to_string(q_stride));
-    }
+    const ArrayFacts lens = require_lengths(seq_lens_array, cu_seqlens_array, batch, "kv");
+    require_output(out, q, q_stride);
     PrefillArgs a;
     fill_shared_args(a, q, q_heads, q_stride, block_table_array, bool(seq_lens_array), lens, batch, layer, softmax_scale,
                      window, softcap, sinks_array, out_array, lse_array, rows);

@@ -122,6 +122,12 @@ TEST(Mismatch, CodeOrderNamesMeanWhatTheySay) {
     EXPECT_EQ(split.encode(uint8_t(b)), uint8_t(((x >> 3) << 7) | ((x & 7u) << 1) | ((y & 7u) << 4) | (y >> 3)));
     EXPECT_EQ(high.encode(uint8_t(b)), uint8_t((x << 4) | y));
     EXPECT_EQ(split.decode(split.encode(uint8_t(b))), b);
+    // A word's four bytes move independently (what store, gather and prefill use).
+    const uint32_t w = uint32_t(b) * 0x01000193u ^ 0xA5C3F00Fu;
+    uint32_t bytewise = 0;
+    for (int k = 0; k < 4; ++k) bytewise |= uint32_t(split.encode(uint8_t(w >> (8 * k)))) << (8 * k);
+    EXPECT_EQ(split.encode_word(w), bytewise);
+    EXPECT_EQ(split.decode_word(bytewise), w);
   }
   EXPECT_TRUE(code_order_named("standard")->is_standard());
   EXPECT_FALSE(code_order_named("nibbles").has_value());

@@ -104,8 +104,7 @@ Outcome run_case(const Case& k, Mutate mutate) {
   const reference::DecodeResult want = reference::decode_attention(v, cpu.buffers, a);
 
   harness::DeviceCache cache(v.layout(), 0);
-  for (size_t b = 0; b < host.size(); ++b)
-    NVFP4KV_CUDA_CHECK(cudaMemcpy(cache.view().ptr[b], host[b].data(), host[b].size(), cudaMemcpyHostToDevice));
+  cache.upload(host);
   auto dq = DeviceBuffer<uint16_t>::from(q);
   auto dtable = DeviceBuffer<int32_t>::from(table);
   auto dlen = DeviceBuffer<int32_t>::from(lengths);
@@ -381,8 +380,7 @@ TEST_F(GpuDecode, GraphReplaysFollowChangingLengthsAndTables) {
   const CacheDims& d = v.layout().dims;
   const auto host = harness::random_cache(v, 0, 5);
   harness::DeviceCache cache(v.layout(), 0);
-  for (size_t b = 0; b < host.size(); ++b)
-    NVFP4KV_CUDA_CHECK(cudaMemcpy(cache.view().ptr[b], host[b].data(), host[b].size(), cudaMemcpyHostToDevice));
+  cache.upload(host);
   reference::HostCache cpu(v.layout(), 0);
   for (size_t b = 0; b < host.size(); ++b) cpu.storage[b] = host[b];
   const int64_t batch = 3, stride = 100, q_heads = 8;

@@ -114,8 +114,7 @@ Outcome run_case(const Case& k, Mutate mutate) {
   const reference::PrefillResult want = reference::prefill_attention(v, cpu.buffers, a);
 
   harness::DeviceCache cache(v.layout(), 0);
-  for (size_t b = 0; b < host.size(); ++b)
-    NVFP4KV_CUDA_CHECK(cudaMemcpy(cache.view().ptr[b], host[b].data(), host[b].size(), cudaMemcpyHostToDevice));
+  cache.upload(host);
   auto dq = DeviceBuffer<uint16_t>::from(q);
   auto dtable = DeviceBuffer<int32_t>::from(table);
   auto dlen = DeviceBuffer<int32_t>::from(kv_lens);
@@ -303,8 +302,7 @@ TEST_F(GpuPrefill, ChunkingAPromptChangesNothingBeyondRounding) {
   const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, total / n + 4, n, 1, 64}));
   const auto host = harness::random_cache(v, 0, 77);
   harness::DeviceCache cache(v.layout(), 0);
-  for (size_t b = 0; b < host.size(); ++b)
-    NVFP4KV_CUDA_CHECK(cudaMemcpy(cache.view().ptr[b], host[b].data(), host[b].size(), cudaMemcpyHostToDevice));
+  cache.upload(host);
   std::mt19937_64 rng(78);
   std::vector<int32_t> table(size_t(total / n));
   std::iota(table.begin(), table.end(), 2);

@@ -47,19 +47,8 @@ struct CodeOrder {
       if (bit[i] != i) return false;
     return true;
   }
-  // A standard byte (element 2j in bits 0..3) in this order.
-  NVFP4KV_HD uint8_t encode(uint8_t standard) const {
-    unsigned out = 0;
-    for (int i = 0; i < 8; ++i) out |= ((standard >> i) & 1u) << bit[i];
-    return uint8_t(out);
-  }
-  // A byte in this order as a standard byte.
-  NVFP4KV_HD uint8_t decode(uint8_t stored) const {
-    unsigned out = 0;
-    for (int i = 0; i < 8; ++i) out |= ((stored >> bit[i]) & 1u) << i;
-    return uint8_t(out);
-  }
-  // Four data bytes at once (a little-endian word), each encoded / decoded alike.
+  // Four data bytes at once (a little-endian word), each moved alike: a standard
+  // word (element 2j in bits 0..3 of each byte) into this order, and back.
   NVFP4KV_HD uint32_t encode_word(uint32_t standard) const {
     uint32_t out = 0;
     for (int i = 0; i < 8; ++i) out |= ((standard >> i) & 0x01010101u) << bit[i];
@@ -70,6 +59,8 @@ struct CodeOrder {
     for (int i = 0; i < 8; ++i) out |= ((stored >> bit[i]) & 0x01010101u) << i;
     return out;
   }
+  NVFP4KV_HD uint8_t encode(uint8_t standard) const { return uint8_t(encode_word(standard)); }
+  NVFP4KV_HD uint8_t decode(uint8_t stored) const { return uint8_t(decode_word(stored)); }
   friend bool operator==(const CodeOrder& a, const CodeOrder& b) {
     for (int i = 0; i < 8; ++i)
       if (a.bit[i] != b.bit[i]) return false;

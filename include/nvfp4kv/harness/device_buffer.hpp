@@ -61,6 +61,11 @@ class DeviceCache {
     v.count = int(buffers_.size());
     return v;
   }
+  // Every buffer's bytes from the host (as download gives them back; sizes must match).
+  void upload(const std::vector<std::vector<uint8_t>>& host) {
+    if (host.size() != buffers_.size()) throw ArgumentError("DeviceCache::upload: buffer count mismatch");
+    for (size_t i = 0; i < host.size(); ++i) buffers_[i].upload(host[i]);
+  }
   std::vector<std::vector<uint8_t>> download() const {
     std::vector<std::vector<uint8_t>> out;
     for (const auto& b : buffers_) out.push_back(b.download());
