@@ -72,6 +72,10 @@ FORMATS = {
     "nvfp4-all": {"layers": [{"k": {"rule": "4over6", "rotation": "head"}, "v": {"rule": "4over6", "rotation": "head"}}],
                   "smooth": True},
 }
+# Rows whose stored values depend on the other sequences of a batch (HQQ's quantization groups
+# run across the batch: two windows together gave other numbers than one by one), so their
+# windows always go through a cache alone (--batch-tokens).
+SOLO_ROWS = {"hqq-4"}
 
 
 def gguf_location():
@@ -241,16 +245,29 @@ def calibrate(model, tokens: torch.Tensor, windows: int, length: int):
 
 
 def run_window(row: str, s: Setup, ids: torch.Tensor, chunk: int) -> torch.Tensor:
-    """(length, vocab) float32 log-probabilities on the model's device, the window fed in chunks
-    through the row's cache."""
-    cache, attn = make_cache(row, s, ids.shape[1])
+    """(windows, length, vocab) float32 log-probabilities on the model's device: the windows
+    (ids: (windows, length), one sequence each in one cache) fed in chunks through the row's cache."""
+    if row in SOLO_ROWS and ids.shape[0] > 1:
+        return torch.cat([run_window(row, s, ids[w:w + 1], chunk) for w in range(ids.shape[0])])
+    cache, attn = make_cache(row, s, ids.numel())
     set_attention(s.model, attn)
     out = []
     with torch.no_grad():
         for start in range(0, ids.shape[1], chunk):
             logits = s.model(ids[:, start:start + chunk], past_key_values=cache, use_cache=True).logits
-            out.append(torch.log_softmax(logits[0].float(), dim=-1))
-    return torch.cat(out)
+            out.append(torch.log_softmax(logits.float(), dim=-1))
+    return torch.cat(out, dim=1)
+
+
+def window_groups(planned: int, per_forward: int):
+    """range objects of window indices, at most per_forward windows each, in order."""
+    for first in range(0, planned, per_forward):
+        yield range(first, min(planned, first + per_forward))
+
+
+def windows_of(tokens: torch.Tensor, group: range, length: int, device: str) -> torch.Tensor:
+    """(len(group), length) token ids of those windows."""
+    return tokens[group.start * length:group.stop * length].view(len(group), length).to(device)
 
 
 @dataclasses.dataclass
@@ -316,9 +333,11 @@ class Run:
 
 
 def evaluate_context(rows, s: Setup, tokens: torch.Tensor, length: int, total: int, chunk: int, run: Run,
-                     save) -> Dict:
+                     save, per_forward: int = 1) -> Dict:
     """Every row's Tally summary at one context, plus seconds, windows (done) and windows_planned;
-    save(that) after each window, so a run cut off leaves what it measured."""
+    per_forward windows go through a cache together (one sequence each: the same numbers as one
+    by one, fewer forwards); save(that) after each group, so a run cut off leaves what it
+    measured."""
     planned = min(total, tokens.numel()) // length
     tallies = {r: Tally() for r in rows}
     t0 = time.time()
@@ -329,20 +348,21 @@ def evaluate_context(rows, s: Setup, tokens: torch.Tensor, length: int, total: i
         out.update(seconds=time.time() - t0, windows=done, windows_planned=planned)
         return out
 
-    for w in range(planned):
+    for group in window_groups(planned, per_forward):
         if run.out_of_time():
             run.log("context %d: --deadline reached after %d of %d windows" % (length, done, planned))
             break
-        ids = tokens[w * length:(w + 1) * length][None].to(s.device)
-        targets = ids[0, 1:]
-        ref = run_window("bf16", s, ids, chunk)[:-1]
+        ids = windows_of(tokens, group, length, s.device)
+        ref = run_window("bf16", s, ids, chunk)[:, :-1]
         for row in rows:
             if row in run.failed:
                 continue
-            logp = ref if row == "bf16" else run.attempt(row, lambda: run_window(row, s, ids, chunk)[:-1])
+            logp = ref if row == "bf16" else run.attempt(row, lambda: run_window(row, s, ids, chunk)[:, :-1])
             if logp is not None:
-                tallies[row].add(logp, ref, targets)
-        done = w + 1
+                for w in range(len(group)):  # a window at a time: the KL's (n, vocab) temporaries stay small
+                    tallies[row].add(logp[w], ref[w], ids[w, 1:])
+            del logp
+        done = group.stop
         spent = time.time() - t0
         run.log("context %d: window %d/%d, %.0f s, about %.0f s to go at this context" % (
             length, done, planned, spent, spent / done * (planned - done)))
@@ -351,28 +371,33 @@ def evaluate_context(rows, s: Setup, tokens: torch.Tensor, length: int, total: i
 
 
 def decode_ppl(row: str, s: Setup, ids: torch.Tensor, chunk: int) -> Dict[str, float]:
-    """Perplexity of one window token by token through the row's cache, and chunked."""
-    cache, attn = make_cache(row, s, ids.shape[1])
+    """Negative log-likelihood of the windows (ids: (windows, length), one sequence each) token by
+    token through the row's cache, and chunked."""
+    if row in SOLO_ROWS and ids.shape[0] > 1:
+        parts = [decode_ppl(row, s, ids[w:w + 1], chunk) for w in range(ids.shape[0])]
+        return {key: sum(part[key] for part in parts) for key in parts[0]}
+    cache, attn = make_cache(row, s, ids.numel())
     set_attention(s.model, attn)
     nll = 0.0
     with torch.no_grad():
         for t in range(ids.shape[1] - 1):
             logits = s.model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
-            nll -= float(torch.log_softmax(logits[0, -1].float(), -1)[ids[0, t + 1]])
-    chunked = run_window(row, s, ids, chunk)[:-1]
-    nll_chunked = -float(chunked.gather(1, ids[0, 1:, None]).sum())
-    return {"nll_decode": nll, "nll_chunked": nll_chunked, "tokens": ids.shape[1] - 1}
+            nll -= float(torch.log_softmax(logits[:, -1].float(), -1).gather(1, ids[:, t + 1, None]).sum())
+    chunked = run_window(row, s, ids, chunk)[:, :-1]
+    nll_chunked = -float(chunked.gather(2, ids[:, 1:, None]).sum())
+    return {"nll_decode": nll, "nll_chunked": nll_chunked, "tokens": ids[:, 1:].numel()}
 
 
-def decode_rows(rows, s: Setup, tokens: torch.Tensor, windows: int, length: int, chunk: int, run: Run) -> Dict:
-    """Per row: perplexity token by token and chunked over the first ``windows`` windows."""
+def decode_rows(rows, s: Setup, tokens: torch.Tensor, windows: int, length: int, chunk: int, run: Run,
+                per_forward: int = 1) -> Dict:
+    """Per row: perplexity token by token and chunked over the first ``windows`` windows
+    (per_forward of them through a cache together)."""
     per = {}
     for row in run.rows_left(rows, "decode"):
         def work():
             acc = {"nll_decode": 0.0, "nll_chunked": 0.0, "tokens": 0}
-            for w in range(windows):
-                ids = tokens[w * length:(w + 1) * length][None].to(s.device)
-                for key, value in decode_ppl(row, s, ids, chunk).items():
+            for group in window_groups(windows, per_forward):
+                for key, value in decode_ppl(row, s, windows_of(tokens, group, length, s.device), chunk).items():
                     acc[key] += value
             return acc
 
@@ -492,6 +517,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch-tokens", type=int, default=0,
+                    help="windows go through a cache together, as many as fit in this many tokens (one sequence "
+                    "each, the same numbers as one by one up to float rounding in token-by-token decode; rows in SOLO_ROWS "
+                    "always alone; 0: one window at a time)")
     ap.add_argument("--deadline", type=float, default=0,
                     help="seconds: start no window, decode row or generation row after this long (0: none); "
                     "what was measured is saved")
@@ -510,6 +539,10 @@ def main(argv=None) -> int:
         raise SystemExit("accuracy.py: --tokens needs one number or one per context")
 
     run = Run(args.deadline)
+
+    def per_forward(length: int) -> int:
+        return max(1, args.batch_tokens // length)
+
     log = run.log
     dtype = getattr(torch, args.dtype)
     need = max(given + [args.decode_windows * args.decode_context])  # the prompts come from the text after it
@@ -539,7 +572,8 @@ def main(argv=None) -> int:
     if "nvfp4-calibrated" in rows:
         setup.calibration = calibration_file(model, cal_tokens, args.calibrate_sample_tokens, 4.5)
         log("calibrated per-layer modes: %s" % [p["best_mode"] for p in setup.calibration["per_layer"]])
-    result = {"model": name, "dtype": args.dtype, "device": args.device, "threads": args.threads, "rows": rows,
+    result = {"model": name, "dtype": args.dtype, "device": args.device, "threads": args.threads,
+              "batch_tokens": args.batch_tokens, "rows": rows,
               "chunk": args.chunk, "command": " ".join(sys.argv), "nvfp4kv": nvfp4kv.build_info,
               "torch": torch.__version__, "transformers": __import__("transformers").__version__,
               "inputs": inputs["meta"],
@@ -566,9 +600,11 @@ def main(argv=None) -> int:
                 result["contexts"][key] = per
             save()
 
-        partial(evaluate_context(rows, setup, eval_tokens, length, budget, args.chunk, run, partial))
+        partial(evaluate_context(rows, setup, eval_tokens, length, budget, args.chunk, run, partial,
+                                 per_forward(length)))
     if args.decode_windows > 0:
-        per = decode_rows(rows, setup, eval_tokens, args.decode_windows, args.decode_context, args.chunk, run)
+        per = decode_rows(rows, setup, eval_tokens, args.decode_windows, args.decode_context, args.chunk, run,
+                          per_forward(args.decode_context))
         if "bf16" in per:
             result["decode"] = {"context": args.decode_context, "windows": args.decode_windows, "rows": per}
             save()

@@ -9,11 +9,16 @@
 #
 #   bash bench/transformers/gpu_accuracy.sh NAME [accuracy.py options]
 #
-#   call 3: bash bench/transformers/gpu_accuracy.sh c512-2048 --contexts 512,2048 --decode-windows 0 --prompts 0
-#   call 4: bash bench/transformers/gpu_accuracy.sh c8192 --contexts 8192 --decode-windows 0 --prompts 0
-#   call 5: bash bench/transformers/gpu_accuracy.sh decode-gen --contexts "" --decode-windows 2 --prompts 50
+#   call 3: bash bench/transformers/gpu_accuracy.sh c512-2048 --contexts 512,2048 --decode-windows 0 --prompts 0 \
+#             --batch-tokens 32768 --deadline 300
+#   call 4: bash bench/transformers/gpu_accuracy.sh c8192 --contexts 8192 --decode-windows 0 --prompts 0 \
+#             --batch-tokens 32768
+#   call 5: bash bench/transformers/gpu_accuracy.sh decode-gen --contexts "" --decode-windows 4 --prompts 50 \
+#             --batch-tokens 4096
 #   then here: python3 bench/transformers/plot.py --merge accuracy-c512-2048.json accuracy-c8192.json \
 #                accuracy-decode-gen.json bench/results/DATE-transformers-accuracy-h200.json
+# --batch-tokens puts that many tokens' windows through one cache per forward (one sequence each:
+# the same numbers as one window at a time, checked on the CPU; HQQ's rows always run alone).
 #
 # $OUT gets accuracy-NAME.json (rewritten after every window, so a call cut off leaves what it
 # measured) and accuracy-NAME.log (a line per window with the time and the time still to go).
