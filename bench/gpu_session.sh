@@ -8,7 +8,7 @@
 # nlohmann headers travel in .carry/ (bench/README.md says how to make it).
 # Options (environment): NVFP4KV_BEFORE=DIR (an older source tree to benchmark
 # beside this one), NVFP4KV_DECODE=full|quick|0, NVFP4KV_NCU=1 (Nsight Compute on
-# one decode launch; =source: per-instruction counts too), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_PREFILL=quick|full (bench/prefill_vs_sdpa.py; off by default), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_SANITIZE=0, NVFP4KV_CPU_TESTS=0, NVFP4KV_BENCH=0
+# one decode launch; =source: per-instruction counts too), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_PREFILL=quick|full (bench/prefill_vs_sdpa.py; off by default), NVFP4KV_SHORT=1 (short-query cells: mixed_attention at q length 1, 2, 4 beside prefill's route; off by default), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_SANITIZE=0, NVFP4KV_CPU_TESTS=0, NVFP4KV_BENCH=0
 # (skip the store/gather benchmark).
 set -uo pipefail
 OUT=${OUT:-/tmp/nvfp4kv-out}
@@ -60,12 +60,12 @@ if [ "${NVFP4KV_TESTS:-1}" = 1 ]; then
   if [ "${NVFP4KV_SANITIZE:-1}" = 1 ]; then
   step "compute-sanitizer memcheck"
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
-    --gtest_filter='Gpu.SlotEdgeCases:Gpu.GatherOfARaggedBatch*:Gpu.OddShapes*:GpuDecode.OptionsMatch*:GpuDecode.BadEntries*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.HostSide*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*:GpuDecode.GraphReplays*:GpuPrefill.PaddedHead*:GpuPrefill.BadEntries*:GpuPrefill.Mixed*:GpuPrefill.HostSide*' \
+    --gtest_filter='Gpu.SlotEdgeCases:Gpu.GatherOfARaggedBatch*:Gpu.OddShapes*:GpuDecode.OptionsMatch*:GpuDecode.BadEntries*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.HostSide*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*:GpuDecode.GraphReplays*:GpuPrefill.PaddedHead*:GpuPrefill.BadEntries*:GpuPrefill.Mixed*:GpuPrefill.HostSide*:GpuPrefill.ShortQueryBad*' \
     > "$OUT/memcheck.log" 2>&1; rc=$?
   tail -3 "$OUT/memcheck.log"; record "memcheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
   step "compute-sanitizer racecheck"
   timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
-    --gtest_filter='Gpu.SlotEdgeCases:GpuDecode.OptionsMatch*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*:GpuPrefill.PaddedHead*:GpuPrefill.Mixed*' \
+    --gtest_filter='Gpu.SlotEdgeCases:GpuDecode.OptionsMatch*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*:GpuPrefill.PaddedHead*:GpuPrefill.Mixed*:GpuPrefill.ShortQueryBad*' \
     > "$OUT/racecheck.log" 2>&1; rc=$?
   tail -3 "$OUT/racecheck.log"; grep -oE "[a-z_]+\.cu[h]?:[0-9]+" "$OUT/racecheck.log" | sort | uniq -c | sort -rn | head -12
   record "racecheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
@@ -102,6 +102,21 @@ if [ "${NVFP4KV_PREFILL:-0}" != 0 ]; then
     > "$OUT/prefill_bench.log" 2>&1; rc=$?
   record "prefill bench" "rc $rc"
   [ $rc = 0 ] || tail -20 "$OUT/prefill_bench.log"
+fi
+if [ "${NVFP4KV_SHORT:-0}" != 0 ]; then
+  # Issue 21's short-query goal: q length 4 within 1.3x of one-token decode at the same
+  # batch and context (the same bytes read). --mixed: mixed_attention's routes; without
+  # it, prefill_attention (the route q length 4 took before the short-query route).
+  step "short queries: mixed_attention at q length 1, 2, 4 (8), and prefill's route"
+  for ctx in 8192 32768; do
+    for args in "--mixed --batch 32 --prompt 1,2,4" "--batch 32 --prompt 4" "--mixed --batch 1 --prompt 1,4" \
+                "--mixed --batch 32 --prompt 1,2,8 --q-heads 64 --head-dim 128" ; do
+      for prompt in $(echo "$args" | sed -E 's/.*--prompt ([0-9,]+).*/\1/' | tr , ' '); do
+        timeout 60 build/gpu/nvfp4kv bench prefill $(echo "$args" | sed -E "s/--prompt [0-9,]+/--prompt $prompt/") \
+          --cached $((ctx - prompt)) --json
+      done
+    done
+  done 2>&1 | tee "$TABLES/short.jsonl" | tail -30
 fi
 if [ "${NVFP4KV_NCU:-0}" = source ]; then
   # Per-instruction executed counts and stall samples of the decode kernel (the SASS

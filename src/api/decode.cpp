@@ -5,13 +5,15 @@
 #include "../kernels/decode/params.hpp"
 #include "../kernels/common/arch.hpp"
 #include "launch_checks.hpp"
+#include "short_query.hpp"
 
 namespace nvfp4kv {
 namespace {
 
-// Checks and the geometry: what plan_decode and decode_attention share.
-Result prepare(const ValidLayout& layout, const DecodeArgs& a, kernels::DecodeParams& p) {
-  const char* who = "decode_attention";
+// Checks and the geometry: what plan_decode and decode_attention share (and the
+// short-query route, with p.max_q_len set).
+Result prepare(const ValidLayout& layout, const DecodeArgs& a, kernels::DecodeParams& p,
+               const char* who = "decode_attention") {
   const CacheDims& d = layout.layout().dims;
   if (a.q_type != ElementType::kBFloat16 && a.q_type != ElementType::kFloat16)
     return api::invalid(who, std::string("the query must be bf16 or fp16, got ") + element_type_name(a.q_type));
@@ -27,24 +29,64 @@ Result prepare(const ValidLayout& layout, const DecodeArgs& a, kernels::DecodePa
 
 }  // namespace
 
-Result plan_decode(const ValidLayout& layout, int64_t batch, int64_t q_heads, int64_t block_table_stride,
-                   DecodePlan* plan) {
+namespace {
+
+Result plan_rows(const ValidLayout& layout, int64_t batch, int64_t q_heads, int64_t block_table_stride,
+                 int64_t max_q_len, const char* who, DecodePlan* plan) {
   DecodeArgs a;
   a.q_heads = q_heads;
   a.batch.batch = batch;
   a.batch.block_table_stride = block_table_stride;
   const CacheDims& d = layout.layout().dims;
   if (q_heads < 1 || q_heads % d.heads != 0 || q_heads / d.heads > 16)
-    return api::invalid("plan_decode", "q_heads must be a multiple of the " + std::to_string(d.heads) +
-                                           " kv heads, at most 16 per kv head, got " + std::to_string(q_heads));
+    return api::invalid(who, "q_heads must be a multiple of the " + std::to_string(d.heads) +
+                                 " kv heads, at most 16 per kv head, got " + std::to_string(q_heads));
   if (batch < 0 || batch > 65535 || block_table_stride < 1)
-    return api::invalid("plan_decode", "batch must be in [0, 65535] and the block-table stride >= 1");
+    return api::invalid(who, "batch must be in [0, 65535] and the block-table stride >= 1");
   kernels::DecodeParams p{.layout = layout.view(), .cache = {}, .args = {}, .geometry = {}};
-  if (Result r = prepare(layout, a, p); !r.ok()) return r;
+  p.max_q_len = max_q_len;
+  if (Result r = prepare(layout, a, p, who); !r.ok()) return r;
   *plan = {.splits = p.geometry.splits, .entries_per_split = p.geometry.entries_per_split,
            .workspace_bytes = p.geometry.workspace_bytes, .dense_planes = p.geometry.dense, .tensor_rows = p.geometry.tensor_rows};
   return {};
 }
+
+}  // namespace
+
+Result plan_decode(const ValidLayout& layout, int64_t batch, int64_t q_heads, int64_t block_table_stride,
+                   DecodePlan* plan) {
+  return plan_rows(layout, batch, q_heads, block_table_stride, 1, "plan_decode", plan);
+}
+
+namespace api {
+
+Result plan_short_query(const ValidLayout& layout, int64_t batch, int64_t q_heads, int64_t block_table_stride,
+                        int64_t max_q_len, DecodePlan* plan) {
+  return plan_rows(layout, batch, q_heads, block_table_stride, max_q_len, "mixed_attention (short-query route)", plan);
+}
+
+Result short_query_attention(const ValidLayout& layout, const CacheBuffers& buffers, const PrefillArgs& a,
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const char* who = "mixed_attention (short-query route)";
+  if (a.batch.batch == 0) return {};
+  kernels::DecodeParams p{.layout = layout.view(), .cache = buffers, .args = {}, .geometry = {}};
+  p.cu_q = a.cu_seqlens_q;
+  p.max_q_len = a.max_q_len;
+  DecodeArgs d = decode_args_of(a);
+  d.workspace = workspace;
+  d.workspace_bytes = workspace_bytes;
+  if (Result r = prepare(layout, d, p, who); !r.ok()) return r;
+  if (p.geometry.workspace_bytes > 0) {
+    if (!workspace || workspace_bytes < p.geometry.workspace_bytes)
+      return api::invalid(who, "this shape splits each sequence over " + std::to_string(p.geometry.splits) +
+                                   " blocks and needs a workspace of " + std::to_string(p.geometry.workspace_bytes) +
+                                   " bytes (mixed_workspace_bytes), got " + std::to_string(workspace_bytes));
+    if (!api::aligned(workspace, 256)) return api::invalid(who, "the workspace must be 256-byte aligned");
+  }
+  return api::from_cuda(kernels::launch_decode(p, stream), who);
+}
+
+}  // namespace api
 
 Result decode_attention(const ValidLayout& layout, const CacheBuffers& buffers, const DecodeArgs& a,
                         cudaStream_t stream) {

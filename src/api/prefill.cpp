@@ -10,6 +10,7 @@
 #include "launch_checks.hpp"
 #include "nvfp4kv/api/decode.hpp"
 #include "nvfp4kv/core/prefill_plan.hpp"
+#include "short_query.hpp"
 
 namespace nvfp4kv {
 
@@ -55,9 +56,11 @@ DecodeArgs decode_run(const ValidLayout& layout, const MixedBatch& m, const Atte
   return d;
 }
 
+// Prefill's (and the short-query route's) arguments for a run: the sequences'
+// cu_seqlens_q entries hold absolute rows, so q, out and lse stay as they are.
 PrefillArgs prefill_run(const MixedBatch& m, const AttentionRun& run) {
   PrefillArgs p = m.args;
-  p.cu_seqlens_q = m.args.cu_seqlens_q + run.first;  // absolute rows: q, out and lse stay as they are
+  p.cu_seqlens_q = m.args.cu_seqlens_q + run.first;
   p.max_q_len = run.max_q_len;
   p.batch.block_table = m.args.batch.block_table + run.first * m.args.batch.block_table_stride;
   if (p.batch.seq_lens) p.batch.seq_lens += run.first;
@@ -70,13 +73,24 @@ PrefillArgs prefill_run(const MixedBatch& m, const AttentionRun& run) {
 
 Result mixed_workspace_bytes(const ValidLayout& layout, const int32_t* q_lens, int64_t batch, int64_t q_heads,
                              int64_t block_table_stride, size_t* bytes) {
+  const char* who = "mixed_workspace_bytes";
+  const int64_t kv_heads = layout.layout().dims.heads;
+  if (q_heads < 1 || q_heads % kv_heads != 0 || q_heads / kv_heads > 16)
+    return api::invalid(who, "q_heads must be a multiple of the " + std::to_string(kv_heads) +
+                                 " kv heads, at most 16 per kv head, got " + std::to_string(q_heads));
   std::vector<AttentionRun> runs;
-  if (std::string p = plan_mixed_runs(q_lens, batch, &runs); !p.empty()) return api::invalid("mixed_workspace_bytes", p);
+  if (std::string p = plan_mixed_runs(q_lens, batch, q_heads / kv_heads, &runs); !p.empty()) return api::invalid(who, p);
   *bytes = 0;
   for (const AttentionRun& run : runs) {
-    if (!run.decode) continue;
     DecodePlan plan;
-    if (Result r = plan_decode(layout, run.count, q_heads, block_table_stride, &plan); !r.ok()) return r;
+    if (run.route == AttentionRoute::kDecode) {
+      if (Result r = plan_decode(layout, run.count, q_heads, block_table_stride, &plan); !r.ok()) return r;
+    } else if (run.route == AttentionRoute::kShortQuery) {
+      if (Result r = api::plan_short_query(layout, run.count, q_heads, block_table_stride, run.max_q_len, &plan); !r.ok())
+        return r;
+    } else {
+      continue;
+    }
     *bytes = std::max(*bytes, plan.workspace_bytes);
   }
   return {};
@@ -84,20 +98,34 @@ Result mixed_workspace_bytes(const ValidLayout& layout, const int32_t* q_lens, i
 
 Result mixed_attention(const ValidLayout& layout, const CacheBuffers& buffers, const MixedBatch& m, cudaStream_t stream) {
   const char* who = "mixed_attention";
+  // The GQA group routes the runs; an unusable q_heads is reported by prefill_problem below.
+  const int64_t kv_heads = layout.layout().dims.heads, q_heads = m.args.q_heads;
+  const int64_t group = q_heads >= kv_heads && q_heads % kv_heads == 0 && q_heads / kv_heads <= 16 ? q_heads / kv_heads : 1;
   std::vector<AttentionRun> runs;
-  if (std::string p = plan_mixed_runs(m.q_lens, m.args.batch.batch, &runs); !p.empty()) return api::invalid(who, p);
+  if (std::string p = plan_mixed_runs(m.q_lens, m.args.batch.batch, group, &runs); !p.empty()) return api::invalid(who, p);
   PrefillArgs whole = m.args;
   whole.max_q_len = 0;
   for (const AttentionRun& run : runs) whole.max_q_len = std::max(whole.max_q_len, run.max_q_len);
   // Every argument checked once for the whole batch before any launch.
   if (std::string p = prefill_problem(layout, buffers, whole); !p.empty()) return api::invalid(who, p);
   if (Result r = api::format_checks(layout, whole.layer, who); !r.ok()) return r;
-  // Runs of q length 1 go to decode, which reads the standard code order only so far.
-  if (std::any_of(runs.begin(), runs.end(), [](const AttentionRun& run) { return run.decode; }))
+  // Decode and short-query runs go to the decode kernel, which reads the standard code order only so far.
+  if (std::any_of(runs.begin(), runs.end(), [](const AttentionRun& run) { return run.route != AttentionRoute::kPrefill; }))
     if (Result r = api::code_order_checks(layout, who); !r.ok()) return r;
   for (const AttentionRun& run : runs) {
-    const Result r = run.decode ? decode_attention(layout, buffers, decode_run(layout, m, run), stream)
-                                : prefill_attention(layout, buffers, prefill_run(m, run), stream);
+    Result r;
+    switch (run.route) {
+      case AttentionRoute::kDecode: r = decode_attention(layout, buffers, decode_run(layout, m, run), stream); break;
+      case AttentionRoute::kShortQuery:
+        if (r = api::gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
+        if (!m.args.out || !api::aligned(m.args.out, 16)) return api::invalid(who, "the output must be 16-byte aligned");
+        if (!api::aligned(m.args.q, 2)) return api::invalid(who, "the query must be 2-byte aligned");
+        if (m.args.q_type != ElementType::kBFloat16 && m.args.q_type != ElementType::kFloat16)
+          return api::invalid(who, std::string("the query must be bf16 or fp16, got ") + element_type_name(m.args.q_type));
+        r = api::short_query_attention(layout, buffers, prefill_run(m, run), m.workspace, m.workspace_bytes, stream);
+        break;
+      case AttentionRoute::kPrefill: r = prefill_attention(layout, buffers, prefill_run(m, run), stream); break;
+    }
     if (!r.ok()) return r;
   }
   return {};

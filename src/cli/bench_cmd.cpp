@@ -71,6 +71,9 @@ const CommandSpec& prefill_spec() {
        {"tokens-per-page", "N", "tokens per page (default 16)"},
        {"layout", "LAYOUT", "the cache layout (default nvfp4kv-native)"},
        {"fp16", nullptr, "fp16 queries and output instead of bf16"},
+       {"mixed", nullptr,
+        "through the mixed-batch call, which routes q length 1 to decode and q lengths up to 16 / group to the\n"
+        "short-query route (the decode kernel); others still run prefill"},
        {"json", nullptr, "one JSON object per line, one per shape"}},
       "Without a GPU it says so and exits 3."};
   return s;
@@ -104,14 +107,16 @@ int run_bench_prefill(const std::vector<std::string>& argv) {
               if (qh % h != 0) continue;
               const harness::PrefillBenchResult r = harness::bench_prefill(
                   {b, L, c, qh, h, dim, page, a.get("layout").value_or("nvfp4kv-native"),
-                   a.flag("fp16") ? ElementType::kFloat16 : ElementType::kBFloat16});
+                   a.flag("fp16") ? ElementType::kFloat16 : ElementType::kBFloat16, a.flag("mixed")});
               if (json)
                 std::cout << "{\"batch\": " << b << ", \"prompt\": " << L << ", \"cached\": " << c
                           << ", \"q_heads\": " << qh << ", \"kv_heads\": " << h << ", \"head_dim\": " << dim
-                          << ", \"ms\": " << r.ms << ", \"tflops\": " << r.tflops << "}" << std::endl;
+                          << ", \"route\": \"" << (a.flag("mixed") ? "mixed" : "prefill") << "\", \"ms\": " << r.ms
+                          << ", \"tflops\": " << r.tflops << "}" << std::endl;
               else
                 std::cout << "batch " << b << " prompt " << L << " cached " << c << " heads " << qh << "/" << h
-                          << " D " << dim << ": " << r.ms << " ms, " << r.tflops << " TFLOP/s" << std::endl;
+                          << " D " << dim << (a.flag("mixed") ? " (mixed)" : "") << ": " << r.ms << " ms, " << r.tflops
+                          << " TFLOP/s" << std::endl;
             }
   return 0;
 #else

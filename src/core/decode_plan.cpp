@@ -7,7 +7,7 @@
 namespace nvfp4kv {
 
 std::string plan_decode_geometry(const LayoutView& layout, const DecodeArgs& args, const DecodeDeviceFacts& device,
-                                 const DecodeKernelFacts& kernel, DecodeGeometry* out) {
+                                 const DecodeKernelFacts& kernel, DecodeGeometry* out, int64_t max_q_len) {
   using namespace decode_limits;
   const CacheDims& d = layout.dims();
   DecodeGeometry g;
@@ -19,6 +19,11 @@ std::string plan_decode_geometry(const LayoutView& layout, const DecodeArgs& arg
            std::to_string(d.tokens_per_page);
   g.head_dim = attention_instance_dim(d.head_dim);
   g.group = int(args.q_heads / d.heads);
+  if (!short_query_fits(max_q_len, g.group))
+    return "the short-query route takes max q length x group <= " + std::to_string(kShortQueryRows) +
+           " rows per kv head, got " + std::to_string(max_q_len) + " x " + std::to_string(g.group);
+  g.queries = int(max_q_len);
+  g.rows = g.queries * g.group;
   // Dense planes: every region's (page, head) tile one contiguous, 16-byte aligned
   // plane whose size is a multiple of 16, data rows 16-byte aligned inside it.
   g.dense = d.head_dim == g.head_dim;
@@ -89,7 +94,7 @@ std::string plan_decode_geometry(const LayoutView& layout, const DecodeArgs& arg
   // As many stages in flight as fit beside the instance's other blocks on an SM
   // (each block's shared memory also costs 1 KB of the SM's), at least two.
   const int budget = std::min(device.max_smem_per_block,
-                              device.smem_per_sm / decode_blocks_per_sm(g.head_dim, g.group > 8 ? 16 : 8) - 1024);
+                              device.smem_per_sm / decode_blocks_per_sm(g.head_dim, decode_instance_rows(g)) - 1024);
   g.stages = 2;
   for (DecodeGeometry more = g; more.stages < kMaxStages; g.stages = more.stages) {
     ++more.stages;
@@ -130,7 +135,8 @@ std::string plan_decode_geometry(const LayoutView& layout, const DecodeArgs& arg
   g.splits = int(best_splits);
   g.entries_per_split = ((stage_entries + best_splits - 1) / best_splits) * g.pages_per_stage;
   if (g.splits > 1)
-    g.workspace_bytes = decode_split_workspace_bytes(args.batch.batch, g.splits, args.q_heads, d.heads, g.head_dim);
+    g.workspace_bytes =
+        decode_split_workspace_bytes(args.batch.batch, g.splits, args.q_heads, d.heads, g.head_dim, nullptr, g.queries);
   *out = g;
   return "";
 }

@@ -31,15 +31,31 @@ std::string plan_prefill_geometry(const LayoutView& layout, const PrefillArgs& a
   return "";
 }
 
-std::string plan_mixed_runs(const int32_t* q_lens, int64_t batch, std::vector<AttentionRun>* runs) {
+const char* attention_route_name(AttentionRoute route) {
+  switch (route) {
+    case AttentionRoute::kDecode: return "decode";
+    case AttentionRoute::kShortQuery: return "short-query";
+    case AttentionRoute::kPrefill: return "prefill";
+  }
+  return "?";
+}
+
+AttentionRoute attention_route(int64_t q_len, int64_t group) {
+  if (q_len == 1) return AttentionRoute::kDecode;
+  if (q_len >= 2 && short_query_fits(q_len, group)) return AttentionRoute::kShortQuery;
+  return AttentionRoute::kPrefill;
+}
+
+std::string plan_mixed_runs(const int32_t* q_lens, int64_t batch, int64_t group, std::vector<AttentionRun>* runs) {
   runs->clear();
   if (batch < 0 || batch > 65535) return "batch must be in [0, 65535], got " + std::to_string(batch);
   if (batch > 0 && !q_lens) return "the host's q lengths are required";
+  if (group < 1 || group > 16) return "the GQA group must be in [1, 16], got " + std::to_string(group);
   int64_t row = 0;
   for (int64_t s = 0; s < batch; ++s) {
     if (q_lens[s] < 0) return "q length of sequence " + std::to_string(s) + " is negative: " + std::to_string(q_lens[s]);
-    const bool decode = q_lens[s] == 1;
-    if (runs->empty() || runs->back().decode != decode) runs->push_back({s, 0, decode, row, 0});
+    const AttentionRoute route = attention_route(q_lens[s], group);
+    if (runs->empty() || runs->back().route != route) runs->push_back({s, 0, route, row, 0});
     AttentionRun& r = runs->back();
     ++r.count;
     r.max_q_len = std::max<int64_t>(r.max_q_len, q_lens[s]);

@@ -47,8 +47,16 @@ PrefillBenchResult bench_prefill(const PrefillBenchShape& s) {
   a.k_global_scale = gs.get();
   a.v_global_scale = gs.get() + 1;
   a.out = out.get();
+  const std::vector<int32_t> q_lens(size_t(s.batch), int32_t(s.prompt));
+  size_t workspace_bytes = 0;
+  if (s.mixed)
+    if (Result res = mixed_workspace_bytes(v, q_lens.data(), s.batch, s.q_heads, entries, &workspace_bytes); !res.ok())
+      throw Error(res.message);
+  DeviceBuffer<uint8_t> workspace(std::max<size_t>(workspace_bytes, 256));
+  const MixedBatch m{.args = a, .q_lens = q_lens.data(), .workspace = workspace.get(), .workspace_bytes = workspace.size()};
   const auto launch = [&] {
-    if (Result res = prefill_attention(v, cb, a, nullptr); !res.ok()) throw Error(res.message);
+    const Result res = s.mixed ? mixed_attention(v, cb, m, nullptr) : prefill_attention(v, cb, a, nullptr);
+    if (!res.ok()) throw Error(res.message);
   };
   r.ms = median_ms(launch, 7);
   // Query i of a sequence attends to cached + i + 1 tokens.

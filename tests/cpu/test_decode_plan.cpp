@@ -28,7 +28,7 @@ DecodeKernelFacts model_kernel(int* blocks_queries = nullptr) {
   k.blocks_per_sm = [blocks_queries, k](const DecodeGeometry& g) {
     if (blocks_queries) ++*blocks_queries;
     const int by_smem = kH200.smem_per_sm / (k.smem_bytes(g) + 1024);
-    return std::min(by_smem, decode_blocks_per_sm(g.head_dim, g.group > 8 ? 16 : 8));
+    return std::min(by_smem, decode_blocks_per_sm(g.head_dim, decode_instance_rows(g)));
   };
   return k;
 }
@@ -36,6 +36,7 @@ DecodeKernelFacts model_kernel(int* blocks_queries = nullptr) {
 struct Case {
   int64_t tokens_per_page = 16, head_dim = 128, heads = 8, q_heads = 32, batch = 16, stride = 2048;
   const char* preset = "nvfp4kv-native";
+  int64_t max_q_len = 1;  // > 1: the short-query route
 };
 
 DecodeGeometry plan(const Case& c, std::string* why = nullptr) {
@@ -45,7 +46,7 @@ DecodeGeometry plan(const Case& c, std::string* why = nullptr) {
   a.batch.batch = c.batch;
   a.batch.block_table_stride = c.stride;
   DecodeGeometry g;
-  const std::string problem = plan_decode_geometry(v.view(), a, kH200, model_kernel(), &g);
+  const std::string problem = plan_decode_geometry(v.view(), a, kH200, model_kernel(), &g, c.max_q_len);
   if (why) *why = problem;
   else EXPECT_EQ(problem, "");
   return g;
@@ -225,6 +226,37 @@ TEST(DecodePlan, TheGeometryDependsOnTheShapeOnly) {
 }
 
 // The head-dim traits table every attention family dispatches on.
+// The short-query route: a block's rows are (query token, head) pairs, q length x
+// group of them, on the 16-row instances; its split workspace holds a partial per
+// row; shapes whose rows do not fit are refused by name.
+TEST(DecodePlan, ShortQueriesTakeTokenHeadRowsOnTheSixteenRowInstances) {
+  for (int64_t group : {1, 2, 4, 8, 16})
+    for (int64_t q = 2; q * group <= kShortQueryRows; ++q) {
+      SCOPED_TRACE("group " + std::to_string(group) + " q " + std::to_string(q));
+      const DecodeGeometry g = plan({.q_heads = 8 * group, .batch = 4, .max_q_len = q});
+      EXPECT_EQ(g.queries, q);
+      EXPECT_EQ(g.rows, q * group);
+      EXPECT_EQ(decode_instance_rows(g), 16);
+      EXPECT_GT(g.splits, 1);  // 4 x 8 blocks of a 2048-entry table split
+      EXPECT_EQ(g.workspace_bytes, decode_split_workspace_bytes(4, g.splits, 8 * group, 8, 128, nullptr, q));
+      // q x more partials than a decode call of the same batch and splits.
+      EXPECT_EQ(g.workspace_bytes, attention_split_workspace_bytes(4 * 8 * g.rows, g.splits, 4 * 8, 128));
+    }
+  // One query token is decode: the group's rows, 8-row instances up to group 8.
+  const DecodeGeometry d = plan({.q_heads = 32, .batch = 4});
+  EXPECT_EQ(d.rows, 4);
+  EXPECT_EQ(decode_instance_rows(d), 8);
+  EXPECT_EQ(decode_instance_rows(plan({.q_heads = 8 * 16, .batch = 4})), 16);
+  std::string why;
+  plan({.q_heads = 32, .max_q_len = 5}, &why);  // 5 x 4 = 20 rows
+  EXPECT_NE(why.find("max q length x group <= 16"), std::string::npos) << why;
+  EXPECT_NE(why.find("5 x 4"), std::string::npos) << why;
+  plan({.q_heads = 8 * 16, .max_q_len = 2}, &why);
+  EXPECT_NE(why.find("2 x 16"), std::string::npos) << why;
+  plan({.q_heads = 32, .max_q_len = 0}, &why);
+  EXPECT_NE(why.find("0 x 4"), std::string::npos) << why;
+}
+
 TEST(AttentionDims, EveryHeadDimUpTo256RunsTheNextInstance) {
   for (int64_t d = 1; d <= 300; ++d) {
     const int instance = attention_instance_dim(d);

@@ -65,27 +65,45 @@ TEST(PrefillPlan, RefusesWhatTheKernelCannotRun) {
   EXPECT_EQ(why, "");
 }
 
-TEST(PrefillPlan, MixedBatchesSplitIntoRunsOfOneKind) {
-  const int32_t q[] = {1, 1, 5, 0, 1, 3, 2};
+TEST(PrefillPlan, MixedBatchesSplitIntoRunsOfOneRoute) {
+  const int32_t q[] = {1, 1, 5, 0, 1, 3, 2, 4, 1};
   std::vector<AttentionRun> runs;
-  ASSERT_EQ(plan_mixed_runs(q, 7, &runs), "");
-  ASSERT_EQ(runs.size(), 4u);
-  const auto expect = [&](size_t i, int64_t first, int64_t count, bool decode, int64_t row, int64_t max_q) {
+  const auto expect = [&](size_t i, int64_t first, int64_t count, AttentionRoute route, int64_t row, int64_t max_q) {
+    ASSERT_LT(i, runs.size());
     EXPECT_EQ(runs[i].first, first) << i;
     EXPECT_EQ(runs[i].count, count) << i;
-    EXPECT_EQ(runs[i].decode, decode) << i;
+    EXPECT_EQ(attention_route_name(runs[i].route), std::string(attention_route_name(route))) << i;
     EXPECT_EQ(runs[i].first_row, row) << i;
     EXPECT_EQ(runs[i].max_q_len, max_q) << i;
   };
-  expect(0, 0, 2, true, 0, 1);
-  expect(1, 2, 2, false, 2, 5);
-  expect(2, 4, 1, true, 7, 1);
-  expect(3, 5, 2, false, 8, 3);
-  ASSERT_EQ(plan_mixed_runs(q, 0, &runs), "");
+  using R = AttentionRoute;
+  // Group 4: q length 2-4 fit 16 rows (short-query); 5 does not; 0 goes to prefill.
+  ASSERT_EQ(plan_mixed_runs(q, 9, 4, &runs), "");
+  ASSERT_EQ(runs.size(), 5u);
+  expect(0, 0, 2, R::kDecode, 0, 1);
+  expect(1, 2, 2, R::kPrefill, 2, 5);
+  expect(2, 4, 1, R::kDecode, 7, 1);
+  expect(3, 5, 3, R::kShortQuery, 8, 4);
+  expect(4, 8, 1, R::kDecode, 17, 1);
+  // Group 16: no q length above 1 fits; group 1: up to 16 do.
+  ASSERT_EQ(plan_mixed_runs(q, 9, 16, &runs), "");
+  ASSERT_EQ(runs.size(), 5u);
+  expect(3, 5, 3, R::kPrefill, 8, 4);
+  ASSERT_EQ(plan_mixed_runs(q, 9, 1, &runs), "");
+  ASSERT_EQ(runs.size(), 6u);
+  expect(1, 2, 1, R::kShortQuery, 2, 5);
+  expect(2, 3, 1, R::kPrefill, 7, 0);
+  expect(4, 5, 3, R::kShortQuery, 8, 4);
+  EXPECT_EQ(attention_route(16, 1), R::kShortQuery);
+  EXPECT_EQ(attention_route(17, 1), R::kPrefill);
+  EXPECT_EQ(attention_route(8, 2), R::kShortQuery);
+  EXPECT_EQ(attention_route(9, 2), R::kPrefill);
+  ASSERT_EQ(plan_mixed_runs(q, 0, 4, &runs), "");
   EXPECT_TRUE(runs.empty());
   const int32_t bad[] = {1, -2};
-  EXPECT_NE(plan_mixed_runs(bad, 2, &runs).find("negative"), std::string::npos);
-  EXPECT_NE(plan_mixed_runs(nullptr, 2, &runs).find("required"), std::string::npos);
+  EXPECT_NE(plan_mixed_runs(bad, 2, 4, &runs).find("negative"), std::string::npos);
+  EXPECT_NE(plan_mixed_runs(nullptr, 2, 4, &runs).find("required"), std::string::npos);
+  EXPECT_NE(plan_mixed_runs(q, 2, 17, &runs).find("group"), std::string::npos);
 }
 
 }  // namespace

@@ -272,6 +272,176 @@ TEST_F(GpuPrefill, MixedBatchesRouteEachRunAndMatchTheReference) {
   expect_close(k, run_case(k), "mixed, window, softcap, fp16");
 }
 
+// The short-query route: in a mixed batch, q lengths 2 .. 16 / group run through the
+// decode kernel with (token, head) rows, each token causal on its own. Every group
+// and head dim, ragged q and kv lengths (q = kv, kv below a page, long ones split
+// over blocks and merged), page sizes, every option, beside decode and prefill runs.
+TEST_F(GpuPrefill, ShortQueriesMatchTheReferenceForEveryGroupHeadDimAndOption) {
+  int ran = 0;
+  for (int64_t group : {1, 2, 3, 4, 8})
+    for (int64_t dim : {64, 128, 256}) {
+      Case k;
+      k.mixed = true;
+      k.group = group;
+      k.head_dim = dim;
+      const int32_t most = int32_t(16 / group);
+      k.seqs = {{most, 700}, {2, 2}, {most, 40}, {2, 9}, {std::min<int32_t>(3, most), 2900}};
+      k.pages = 256;
+      k.type = ran % 2 ? ElementType::kFloat16 : ElementType::kBFloat16;
+      k.seed = uint64_t(ran) + 300;
+      expect_close(k, run_case(k), cat("short G", group, " D", dim, k.type == ElementType::kBFloat16 ? " bf16" : " fp16"));
+      if (HasFailure()) return;
+      ++ran;
+    }
+  EXPECT_EQ(ran, 15);
+  for (int64_t n : {1, 3, 32, 128}) {
+    Case k;
+    k.mixed = true;
+    k.tokens_per_page = n;
+    k.pages = 2048 / n + 8;
+    k.seqs = {{4, 300}, {3, 3}, {2, 1000}, {4, 31}};
+    k.seed = uint64_t(n) + 320;
+    expect_close(k, run_case(k), cat("short N", n));
+  }
+  for (int variant = 0; variant < 8; ++variant) {
+    Case k;
+    k.mixed = true;
+    k.seqs = {{4, 300}, {1, 129}, {3, 3}, {0, 5}, {2, 1000}, {40, 200}, {4, 61}, {2, 2}};
+    k.pages = 200;
+    k.window = (variant & 1) ? 50 : 0;
+    k.softcap = (variant & 2) ? 1.5f : 0;
+    k.sinks = (variant & 4) != 0;
+    k.lse = variant != 3;
+    k.type = variant % 3 ? ElementType::kBFloat16 : ElementType::kFloat16;
+    k.seed = uint64_t(variant) + 340;
+    expect_close(k, run_case(k), cat("short, window ", k.window, ", softcap ", k.softcap, k.sinks ? ", sinks" : ""));
+  }
+  // A window shorter than the q length: the last query sees tokens the first one does not.
+  Case k;
+  k.mixed = true;
+  k.window = 2;
+  k.seqs = {{4, 4}, {4, 90}, {3, 17}};
+  expect_close(k, run_case(k), "short, window 2");
+}
+
+// The route is the short-query one: it needs a split workspace at long contexts
+// (prefill has none), which grows with the q length; a q length whose rows do not
+// fit goes to prefill.
+TEST_F(GpuPrefill, ShortQueriesPlanTheirOwnSplitWorkspace) {
+  const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 4096, 16, 8, 128}));
+  const auto bytes = [&](std::vector<int32_t> q_lens) {
+    size_t b = 0;
+    const Result r = mixed_workspace_bytes(v, q_lens.data(), int64_t(q_lens.size()), 32, 2048, &b);
+    EXPECT_TRUE(r.ok()) << r.message;
+    return b;
+  };
+  const size_t decode = bytes({1, 1}), two = bytes({2, 2}), four = bytes({4, 3});
+  EXPECT_GT(decode, 0u);
+  EXPECT_GT(two, decode);
+  EXPECT_GT(four, two);
+  EXPECT_EQ(bytes({5, 5}), 0u);  // 5 x 4 rows: prefill
+  EXPECT_EQ(bytes({4, 5}), bytes({4}));  // a short run of one sequence, then prefill
+}
+
+// A uniform short-query batch (what engines capture for speculative decoding) in a
+// CUDA graph: replays follow changing block tables and kv lengths, split merges
+// included (their tickets reset themselves), the workspace never cleared.
+TEST_F(GpuPrefill, ShortQueryGraphReplaysFollowChangingLengthsAndTables) {
+  const ValidLayout v = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 300, 16, 2, 128}));
+  const CacheDims& d = v.layout().dims;
+  const auto host = harness::random_cache(v, 0, 15);
+  harness::DeviceCache cache(v.layout(), 0);
+  cache.upload(host);
+  reference::HostCache cpu(v.layout(), 0);
+  for (size_t b = 0; b < host.size(); ++b) cpu.storage[b] = host[b];
+  const int64_t batch = 3, stride = 100, q_heads = 8, q_len = 4;  // 4 tokens x group 4: 16 rows
+  std::mt19937_64 rng(18);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<uint16_t> q(size_t(batch * q_len * q_heads * 128));
+  for (auto& x : q) x = float_to_bf16(n(rng));
+  const float gs[2] = {1.0f, 1.0f};
+  const std::vector<int32_t> q_lens(static_cast<size_t>(batch), int32_t(q_len)), cu = {0, 4, 8, 12};
+  size_t bytes = 0;
+  ASSERT_TRUE(mixed_workspace_bytes(v, q_lens.data(), batch, q_heads, stride, &bytes).ok());
+  ASSERT_GT(bytes, 0u);  // split: the replays run the merge
+  auto dq = DeviceBuffer<uint16_t>::from(q);
+  auto dcu = DeviceBuffer<int32_t>::from(cu);
+  DeviceBuffer<int32_t> dtable(static_cast<size_t>(batch * stride)), dlen(static_cast<size_t>(batch));
+  auto dscales = DeviceBuffer<float>::from({gs[0], gs[1]});
+  DeviceBuffer<uint16_t> out(q.size());
+  DeviceBuffer<uint8_t> ws(std::max<size_t>(bytes, 256));
+  ws.fill_bytes(0x5A);
+  PrefillArgs g;
+  g.q = dq.get();
+  g.q_heads = q_heads;
+  g.cu_seqlens_q = dcu.get();
+  g.max_q_len = q_len;
+  g.batch = {.block_table = dtable.get(), .block_table_stride = stride, .seq_lens = dlen.get(), .batch = batch};
+  g.softmax_scale = 0.088f;
+  g.k_global_scale = dscales.get();
+  g.v_global_scale = dscales.get() + 1;
+  g.out = out.get();
+  const MixedBatch m{.args = g, .q_lens = q_lens.data(), .workspace = ws.get(), .workspace_bytes = ws.size()};
+  cudaStream_t s;
+  NVFP4KV_CUDA_CHECK(cudaStreamCreate(&s));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  NVFP4KV_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  const Result captured = mixed_attention(v, cache.view(), m, s);
+  NVFP4KV_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  ASSERT_TRUE(captured.ok()) << captured.message;
+  NVFP4KV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 4; ++replay) {
+    std::vector<int32_t> table(static_cast<size_t>(batch * stride)), lengths(static_cast<size_t>(batch));
+    for (auto& t : table) t = int32_t(rng() % uint64_t(d.pages));
+    for (auto& len : lengths) len = int32_t(q_len + rng() % uint64_t(stride * d.tokens_per_page - q_len));
+    dtable.upload(table);
+    dlen.upload(lengths);
+    out.fill_bytes(0xFF);
+    NVFP4KV_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    NVFP4KV_CUDA_CHECK(cudaStreamSynchronize(s));
+    PrefillArgs a = g;
+    a.q = q.data();
+    a.cu_seqlens_q = cu.data();
+    a.batch.block_table = table.data();
+    a.batch.seq_lens = lengths.data();
+    a.k_global_scale = &gs[0];
+    a.v_global_scale = &gs[1];
+    const reference::PrefillResult want = reference::prefill_attention(v, cpu.buffers, a);
+    const auto got = out.download();
+    const testing::Comparison c =
+        testing::compare_attention(got, want.out, got.size(), d.head_dim, ElementType::kBFloat16, nullptr, want.lse, 0);
+    std::printf("  replay %d: lengths %d %d %d, rel L2 %.2e\n", replay, lengths[0], lengths[1], lengths[2], c.rel_l2);
+    EXPECT_LT(c.rel_l2, rel_l2_bound(ElementType::kBFloat16)) << "replay " << replay;
+    EXPECT_EQ(c.unwritten, 0) << "replay " << replay;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
+// Bad entries on the short-query route, as prefill counts and marks them: a bad page
+// in the window, a kv length past the table, a q length above the kv length.
+TEST_F(GpuPrefill, ShortQueryBadEntriesAreCountedNeverReadAndMarkTheirSequence) {
+  Case k;
+  k.mixed = true;
+  k.seqs = {{3, 64}, {3, 64}, {3, 64}, {4, 2}, {2, 64}};
+  k.window = 20;
+  const Outcome o = run_case(k, [](std::vector<int32_t>& table, std::vector<int32_t>& kv, std::vector<int32_t>&) {
+    table[size_t(1 * 4 + 3)] = 100000;
+    kv[2] = 4 * 16 + 9;
+    table[size_t(4 * 4 + 0)] = -5;  // before sequence 4's window: never read
+  });
+  EXPECT_EQ(o.nan_mismatch, 0);
+  EXPECT_EQ(o.gpu.bad_pages, 16u);
+  EXPECT_EQ(o.gpu.bad_lengths, 2u);
+  EXPECT_EQ(o.cpu.bad_pages, o.gpu.bad_pages);
+  EXPECT_EQ(o.cpu.bad_lengths, o.gpu.bad_lengths);
+  EXPECT_EQ(o.nan_rows, (3 + 3 + 4) * 8);  // sequences 1, 2, 3, every head
+  EXPECT_LT(o.rel_l2, rel_l2_bound(k.type));
+  EXPECT_EQ(o.unwritten, 0);
+}
+
 TEST_F(GpuPrefill, BadEntriesAreCountedNeverReadAndMarkTheirSequence) {
   Case k;
   k.seqs = {{10, 64}, {10, 64}, {10, 64}, {70, 64}, {4, 64}};

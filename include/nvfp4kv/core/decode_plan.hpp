@@ -60,6 +60,8 @@ NVFP4KV_HD constexpr int tensor_row_pitch(int columns) {
 struct DecodeGeometry {
   int head_dim = 0;         // the instance's D: 64, 128 or 256 (a smaller D is zero-padded up to it)
   int group = 1;            // query heads per kv head
+  int queries = 1;          // query tokens per sequence at most: 1 (decode), or a short-query call's max q length
+  int rows = 1;             // query rows of a block: queries x group, (token, head) pairs, token-major
   int splits = 1;           // thread blocks per (sequence, kv head)
   int64_t entries_per_split = 0;  // block-table entries each reads (a multiple of pages_per_stage)
   int pages_per_stage = 1;  // pages copied into one shared-memory stage
@@ -76,11 +78,21 @@ struct DecodeGeometry {
   size_t workspace_bytes = 0;  // split partials and tickets (0 when splits == 1)
 };
 
+// The kernel instance's query rows (its MMA's N: one or two n-tiles of 8): 8 for
+// groups up to 8, else 16; the short-query route always takes 16 (one instance set
+// for every q length x group that fits).
+NVFP4KV_HD constexpr int decode_instance_rows(const DecodeGeometry& g) {
+  return g.queries == 1 && g.group <= 8 ? 8 : 16;
+}
+
 // The workspace of a split decode call (core/attention.hpp): a partial per
-// (sequence, split, query head), in that order, and a ticket per (sequence, kv head).
+// (sequence, split, kv head, block row), in that order (with one query token per
+// sequence the block rows are the group's heads, so this is (sequence, split, query
+// head)), and a ticket per (sequence, kv head).
 NVFP4KV_HD constexpr size_t decode_split_workspace_bytes(int64_t batch, int64_t splits, int64_t q_heads,
-                                                         int64_t kv_heads, int head_dim, size_t* tickets_at = nullptr) {
-  return attention_split_workspace_bytes(batch * q_heads, splits, batch * kv_heads, head_dim, tickets_at);
+                                                         int64_t kv_heads, int head_dim, size_t* tickets_at = nullptr,
+                                                         int64_t queries = 1) {
+  return attention_split_workspace_bytes(batch * q_heads * queries, splits, batch * kv_heads, head_dim, tickets_at);
 }
 
 struct DecodeDeviceFacts {
@@ -96,10 +108,19 @@ struct DecodeKernelFacts {
   std::function<int(const DecodeGeometry&)> blocks_per_sm;
 };
 
+// The short-query route of a mixed batch (speculative verification, a few new
+// tokens per sequence): the decode kernel with a block's rows taken as (query
+// token, head) pairs, as long as max q length x group fits one block's 16 rows.
+constexpr int kShortQueryRows = 16;
+NVFP4KV_HD constexpr bool short_query_fits(int64_t q_len, int64_t group) {
+  return q_len >= 1 && group >= 1 && q_len * group <= kShortQueryRows;
+}
+
 // Fills *out from the layout and the call's shape (args: q_heads, batch.batch,
-// batch.block_table_stride). Returns "" or why this shape is unsupported; a
+// batch.block_table_stride; max_q_len > 1 for the short-query route, whose rows
+// must fit: short_query_fits). Returns "" or why this shape is unsupported; a
 // failed blocks_per_sm query returns "blocks_per_sm failed".
 std::string plan_decode_geometry(const LayoutView& layout, const DecodeArgs& args, const DecodeDeviceFacts& device,
-                                 const DecodeKernelFacts& kernel, DecodeGeometry* out);
+                                 const DecodeKernelFacts& kernel, DecodeGeometry* out, int64_t max_q_len = 1);
 
 }  // namespace nvfp4kv

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nvfp4kv/core/attention.hpp"
+#include "nvfp4kv/core/decode_plan.hpp"
 #include "nvfp4kv/core/layout_view.hpp"
 #include "nvfp4kv/core/ops.hpp"
 
@@ -45,18 +46,28 @@ NVFP4KV_HD constexpr size_t prefill_smem_bytes(int head_dim, int kv_tile) {
 std::string plan_prefill_geometry(const LayoutView& layout, const PrefillArgs& args, int max_smem_per_block,
                                   PrefillGeometry* out);
 
-// A mixed batch (q lengths 1 and others) as runs of consecutive sequences, each
-// one launch: q length 1 runs go to decode, the others (q length 0 included) to
+// A mixed batch as runs of consecutive sequences of one route, each one launch:
+// q length 1 to decode; q lengths 2 and up whose rows fit one decode block
+// (short_query_fits: q length x group <= 16, speculative verification and the like)
+// to the short-query route, the decode kernel with (token, head) rows, which reads
+// each page once per kv head as decode does; the rest (q length 0 included) to
 // prefill. first_row is the run's first query row (the prefix sum of q_lens).
+enum class AttentionRoute { kDecode, kShortQuery, kPrefill };
+const char* attention_route_name(AttentionRoute route);
+
 struct AttentionRun {
   int64_t first = 0, count = 0;
-  bool decode = false;
+  AttentionRoute route = AttentionRoute::kPrefill;
   int64_t first_row = 0;
   int64_t max_q_len = 0;
 };
 
+// The route of one sequence of q length q_len (>= 0) in a batch of GQA group `group`.
+AttentionRoute attention_route(int64_t q_len, int64_t group);
+
 // Runs of a batch from the host's q lengths (the scheduler's copy of
-// cu_seqlens_q's differences). "" or why they cannot be used (negative, too many rows).
-std::string plan_mixed_runs(const int32_t* q_lens, int64_t batch, std::vector<AttentionRun>* runs);
+// cu_seqlens_q's differences) and the GQA group. "" or why they cannot be used
+// (negative, too many rows).
+std::string plan_mixed_runs(const int32_t* q_lens, int64_t batch, int64_t group, std::vector<AttentionRun>* runs);
 
 }  // namespace nvfp4kv

@@ -61,17 +61,20 @@ __device__ inline bool finish_split(unsigned long long* ticket, int splits) {
 }
 
 // One merge: `rows` output rows whose split k's partial is workspace row
-// row0 + k * split_stride + r (r < rows).
+// row0 + k * split_stride + r (r < rows). The rows are per_token heads of one or
+// more query tokens: row r is head r % per_token of token r / per_token.
 struct MergeJob {
   int64_t row0, split_stride;
   int rows, splits;
   int dim;               // columns written (the head dim)
   int partial_dim;       // floats per partial row (the instance's D, a multiple of 4)
-  uint16_t* out;         // row r at out + r * out_stride
+  uint16_t* out;         // row r at out + (r / per_token) * token_out_stride + (r % per_token) * out_stride
   int64_t out_stride;
-  float* lse;            // optional: row r's natural-log LSE at lse[r]
-  const float* sinks;    // optional: row r's sink logit at sinks[r]
+  float* lse;            // optional: row r's natural-log LSE at lse[(r / per_token) * token_lse_stride + r % per_token]
+  const float* sinks;    // optional: row r's sink logit at sinks[r % per_token]
   float out_scale;       // applied to the normalised output (V's global scale, the placement's 2^14)
+  int per_token = 1 << 30;  // heads per query token (default: every row one token's)
+  int64_t token_out_stride = 0, token_lse_stride = 0;
 };
 
 // Shared memory of the merge (carved from whatever the block is done with).
@@ -108,7 +111,7 @@ __device__ void merge_rows(const SplitWorkspace& w, const MergeJob& job, const M
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
     nan_seen = __any_sync(0xFFFFFFFFu, nan_seen);
-    const float sink = job.sinks ? job.sinks[r] * kLog2e : kNegInf;
+    const float sink = job.sinks ? job.sinks[r % job.per_token] * kLog2e : kNegInf;
     const float m_all = fmaxf(mx, sink);
     float part = 0;
     for (int k = lane; k < splits; k += 32) {
@@ -145,7 +148,7 @@ __device__ void merge_rows(const SplitWorkspace& w, const MergeJob& job, const M
     const float total = m.total[r];
     const bool poisoned = m.nan[r] != 0;
     const float v4[4] = {o.x, o.y, o.z, o.w};
-    uint16_t* out = job.out + r * job.out_stride;
+    uint16_t* out = job.out + (r / job.per_token) * job.token_out_stride + (r % job.per_token) * job.out_stride;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int cc = 4 * c4 + c;
@@ -158,7 +161,8 @@ __device__ void merge_rows(const SplitWorkspace& w, const MergeJob& job, const M
   if (job.lse)
     for (int r = tid; r < rows; r += kBlockThreads) {
       const float total = m.total[r];
-      job.lse[r] = m.nan[r] ? nan : total > 0 ? (m.m_all[r] + log2f(total)) / kLog2e : kNegInf;
+      job.lse[(r / job.per_token) * job.token_lse_stride + r % job.per_token] =
+          m.nan[r] ? nan : total > 0 ? (m.m_all[r] + log2f(total)) / kLog2e : kNegInf;
     }
 }
 

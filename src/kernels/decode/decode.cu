@@ -84,6 +84,8 @@ struct Smem {
   const uint8_t** plane_base;         // (regions) byte of (page 0, token 0, column 0)
                                       // of this block's layer and kv head
   int* flags;                         // [0]: a bad page was met
+  int *row_lo, *row_hi;               // short-query route only (16 each): the tokens block row r may see,
+                                      // [row_lo[r], row_hi[r]) counted from the span's first entry's first token
 };
 
 struct Carve {
@@ -125,6 +127,11 @@ __host__ __device__ size_t carve(char* base, const DecodeGeometry& g, int64_t n,
   m.empty = c.take<uint64_t>(base, g.stages, 8);
   m.plane_base = c.take<const uint8_t*>(base, kRegionCount, 8);
   m.flags = c.take<int>(base, 4);
+  m.row_lo = m.row_hi = nullptr;
+  if (g.queries > 1) {
+    m.row_lo = c.take<int>(base, kShortQueryRows);
+    m.row_hi = c.take<int>(base, kShortQueryRows);
+  }
   if (s) *s = m;
   return c.at;
 }
@@ -142,14 +149,21 @@ struct Span {
   bool bad_length;
 };
 
-// Which tokens of a stage count: [lo, hi) in stage order, on loaded pages.
+// Which tokens of a stage count: [lo, hi) in stage order, on loaded pages. On the
+// short-query route [lo, hi) is what some row sees, [lo_all, hi_all) what every row
+// sees (a tile inside it needs no mask), and a row's own bounds are in shared
+// memory, counted from the span's first token, which is t0 tokens before the stage.
 struct StageMask {
   int lo, hi;
   unsigned long long ok;  // bit p: page slot p was loaded
   bool all_ok;            // every page slot was
+  int lo_all, hi_all, t0;
 };
 
-template <int kD, int kGroupRows, ElementType kType, bool kSoftcap>
+// kShort: the short-query route, a block's rows (query token, head) pairs with a
+// causal limit per token (core/decode_plan.hpp, short_query_fits); else one query
+// token per sequence, the rows its group's heads.
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort>
 struct DecodeBlock {
   using Format = attention::Nvfp4Fp16;  // the dequantize part (attention/dequant.cuh)
   using Logits = attention::Logits<kSoftcap>;
@@ -160,6 +174,8 @@ struct DecodeBlock {
   int64_t n;           // tokens per page
   int stage_tokens;    // pages_per_stage * n
   int tiles;           // per stage
+  int64_t q_row0;      // the sequence's first query row of args.q (and out, lse)
+  int rows;            // query rows of the block that exist: q length x group
 
   static constexpr int kNT = kGroupRows / 8;      // n-tiles of 8 query heads
   static constexpr int kKSteps = kD / 16;
@@ -355,16 +371,19 @@ struct DecodeBlock {
     const CacheDims& d = p.layout.dims();
     const DecodeArgs& a = p.args;
     const int64_t token_stride = a.q_token_stride ? a.q_token_stride : a.q_heads * d.head_dim;
-    const uint16_t* q = static_cast<const uint16_t*>(a.q) + th.seq * token_stride;
+    const int group = p.geometry.group;
     for (int r = th.warp; r < 16; r += kConsumerWarps) {
+      // Row r: query token r / group of the sequence, head r % group of the kv head's group.
+      const uint16_t* q = static_cast<const uint16_t*>(a.q) + (q_row0 + r / group) * token_stride +
+                          (th.kv_head * group + r % group) * d.head_dim;
       float v[kD / 32];
       float amax = 0;
 #pragma unroll
       for (int k = 0; k < kD / 32; ++k) {
         const int col = th.lane + 32 * k;
         v[k] = 0;
-        if (r < p.geometry.group && col < d.head_dim) {
-          const uint16_t bits = q[(th.kv_head * p.geometry.group + r) * d.head_dim + col];
+        if (r < rows && col < d.head_dim) {
+          const uint16_t bits = q[col];
           v[k] = kType == ElementType::kBFloat16 ? __uint_as_float(uint32_t(bits) << 16)
                                                  : __half2float(__ushort_as_half(bits));
         }
@@ -378,6 +397,29 @@ struct DecodeBlock {
       for (int k = 0; k < kD / 32; ++k) s.q[r * kD + th.lane + 32 * k] = __float2half_rn(ldexpf(v[k], shift));
       if (th.lane == 0) s.row_scale[r] = ldexpf(a.softmax_scale * k_global_scale, Format::kExponentBias - shift) * kLog2e;
     }
+  }
+
+  // Short-query route: the tokens each row sees, relative to the span's first token.
+  // Query token t of q_len sits at position length - q_len + t and sees [its window's
+  // start, position]; rows past the sequence's rows (q zero, never written) take the
+  // union, as decode's unused rows do, so that no row is masked everywhere.
+  __device__ void row_bounds(int64_t q_len) const {
+    const int64_t base = span.first * n;
+    const auto rel = [](int64_t x) { return int(min(max(x, int64_t(-(1 << 30))), int64_t(1 << 30))); };
+    for (int r = th.tid; r < kShortQueryRows; r += kConsumerThreads) {
+      int64_t lo = span.window_start, hi = span.length;
+      if (r < rows) {
+        const int64_t pos = span.length - q_len + r / p.geometry.group;
+        lo = attention::window_start(pos, p.args.window), hi = pos + 1;
+      }
+      s.row_lo[r] = rel(lo - base), s.row_hi[r] = rel(hi - base);
+    }
+  }
+
+  // Short-query route: whether block row r sees stage token i.
+  __device__ bool row_sees(int r, int i, const StageMask& mk) const {
+    const int at = mk.t0 + i;
+    return at >= s.row_lo[r] && at < s.row_hi[r];
   }
 
   // The query as the B operand of S = K Q^T (K: 16 columns of D, N: 8 heads), in
@@ -548,7 +590,8 @@ struct DecodeBlock {
     bool full[kCount];
 #pragma unroll
     for (int i = 0; i < kCount; ++i) {
-      full[i] = mk.all_ok && first[i] >= mk.lo && first[i] + kTile <= mk.hi;
+      if constexpr (kShort) full[i] = mk.all_ok && first[i] >= mk.lo_all && first[i] + kTile <= mk.hi_all;
+      else full[i] = mk.all_ok && first[i] >= mk.lo && first[i] + kTile <= mk.hi;
       scores(ln, qf, st, first[i], sacc[i]);
     }
 
@@ -563,7 +606,10 @@ struct DecodeBlock {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const float y = logits(sacc[i][nt][k] * ln.rs[nt][k & 1]);
-          x[i][k] = (k < 2 ? v0 : v1) ? y : kNegInf;
+          bool v = k < 2 ? v0 : v1;
+          if constexpr (kShort)  // row 8 nt + 2c + (k & 1), token g or g + 8 of the tile
+            if (!full[i]) v = v && row_sees(8 * nt + 2 * ln.c + (k & 1), first[i] + g + (k < 2 ? 0 : 8), mk);
+          x[i][k] = v ? y : kNegInf;
         }
       }
       float alpha[2];
@@ -606,18 +652,33 @@ struct DecodeBlock {
   }
 };
 
-// The split workspace of a decode call: partials per (sequence, split, query head),
-// a ticket per (sequence, kv head) (core/decode_plan.hpp).
+// The split workspace of a decode call: partials per (sequence, split, kv head,
+// block row), a ticket per (sequence, kv head) (core/decode_plan.hpp).
 inline __device__ attention::SplitWorkspace split_workspace(const DecodeParams& p) {
   const DecodeArgs& a = p.args;
-  return attention::SplitWorkspace::at(a.workspace, a.batch.batch * a.q_heads, p.geometry.splits,
+  return attention::SplitWorkspace::at(a.workspace, a.batch.batch * a.q_heads * p.geometry.queries, p.geometry.splits,
                                        a.batch.batch * p.layout.dims().heads, p.geometry.head_dim);
 }
 
-template <int kD, int kGroupRows, ElementType kType, bool kSoftcap>
+// The short-query route's sequences with a bad q length (negative, above max_q_len
+// or above the kv length): every row of the sequence NaN, as prefill marks them,
+// written by the split-0 block of each kv head.
+template <ElementType kType>
+__device__ void poison_rows(const DecodeParams& p, const DecodeThread& th, int64_t q_row0, int64_t q_len) {
+  const DecodeArgs& a = p.args;
+  const int64_t group = p.geometry.group, dim = p.layout.dims().head_dim;
+  const uint16_t nan = attention::to_half_bits<kType>(attention::quiet_nan());
+  for (int64_t u = th.tid; u < q_len * group * dim; u += kThreads) {
+    const int64_t row = q_row0 + u / (group * dim), head = th.kv_head * group + (u / dim) % group, col = u % dim;
+    static_cast<uint16_t*>(a.out)[(row * a.q_heads + head) * dim + col] = nan;
+    if (a.lse && col == 0) a.lse[row * a.q_heads + head] = attention::quiet_nan();
+  }
+}
+
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort>
 __device__ void decode_device(const DecodeParams& p, char* smem_raw, const DecodeThread& th) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Block = DecodeBlock<kD, kGroupRows, kType, kSoftcap>;
+  using Block = DecodeBlock<kD, kGroupRows, kType, kSoftcap, kShort>;
   constexpr int kNT = Block::kNT, kMTiles = Block::kMTiles, kE = Block::kE;
   const DecodeGeometry& g = p.geometry;
   const DecodeArgs& a = p.args;
@@ -627,21 +688,37 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   carve<kD>(smem_raw, g, n, &s);
   // The block's span of its sequence.
   const SequenceLength len = sequence_length(a.batch, th.seq, n);
+  // The sequence's query tokens: one (decode), or q_len rows from cu_q (short-query
+  // route), whose bad lengths are counted and marked as prefill's are.
+  int64_t q_row0 = th.seq, q_len = 1;
+  bool bad_q = false;
+  if constexpr (kShort) {
+    q_row0 = p.cu_q[th.seq];
+    q_len = int64_t(p.cu_q[th.seq + 1]) - q_row0;
+    bad_q = q_len < 0 || q_len > g.queries || (!len.bad && q_len > len.tokens);
+  }
   Span span;
   span.length = len.tokens;
   span.bad_length = len.bad;
-  span.window_start = attention::window_start(span.length - 1, a.window);
+  span.window_start = attention::window_start(span.length - q_len, a.window);  // the first query's window
   span.first = max(th.split * g.entries_per_split, span.window_start / n);
   span.last = min((th.split + 1) * g.entries_per_split, (span.length + n - 1) / n);
   const float kgs = *a.k_global_scale, vgs = *a.v_global_scale;
   const bool scales_ok = global_scale_usable(kgs) && global_scale_usable(vgs);
   const bool counter = th.tid == 0 && th.kv_head == 0 && th.split == 0;
-  if (counter && a.status && len.bad) atomicAdd(&a.status->bad_lengths, 1ull);
+  if (counter && a.status && (len.bad || bad_q)) atomicAdd(&a.status->bad_lengths, 1ull);
+  if constexpr (kShort)
+    if (q_len <= 0) return;  // nothing to compute, nothing read (every thread of the block alike)
   if (counter && a.status && !scales_ok) atomicAdd(&a.status->bad_global_scale, (unsigned long long)span.length);
+  if constexpr (kShort)
+    if (bad_q) {
+      if (th.split == 0) poison_rows<kType>(p, th, q_row0, q_len);
+      return;
+    }
   if (!scales_ok || len.bad) span.last = span.first;  // read nothing; the outputs become NaN below
 
   const int stage_tokens = g.pages_per_stage * int(n);
-  const Block block{p, s, th, span, n, stage_tokens, (stage_tokens + kTile - 1) / kTile};
+  const Block block{p, s, th, span, n, stage_tokens, (stage_tokens + kTile - 1) / kTile, q_row0, int(q_len) * g.group};
   const int stages = span.last > span.first ? int((span.last - span.first + g.pages_per_stage - 1) / g.pages_per_stage) : 0;
 
   if (th.tid == 0) {
@@ -680,6 +757,7 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   else {
     block.build_tables();
     block.load_query(kgs);
+    if constexpr (kShort) block.row_bounds(q_len);
   }
   __syncthreads();
   if (!producer) block.store_query_fragments();
@@ -716,6 +794,11 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
     const int64_t base = span.first * n;
     const int rel_lo = int(min(max(span.window_start - base, int64_t(-(1 << 30))), int64_t(1 << 30)));
     const int rel_hi = int(min(max(span.length - base, int64_t(-(1 << 30))), int64_t(1 << 30)));
+    // Short-query route: what every row sees, the last query's window start to the
+    // first query's position.
+    const int rel_lo_all =
+        int(min(max(attention::window_start(span.length - 1, a.window) - base, int64_t(-(1 << 30))), int64_t(1 << 30)));
+    const int rel_hi_all = int(min(max(span.length - q_len + 1 - base, int64_t(-(1 << 30))), int64_t(1 << 30)));
     int slot = 0;
     unsigned phase = 0;
     for (int j = 0; j < stages; ++j) {
@@ -727,6 +810,11 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
       mk.hi = min(max(rel_hi - t0, 0), block.stage_tokens);
       mk.ok = s.page_ok[slot];
       mk.all_ok = mk.ok == all_pages;
+      if constexpr (kShort) {
+        mk.lo_all = min(max(rel_lo_all - t0, 0), block.stage_tokens);
+        mk.hi_all = min(max(rel_hi_all - t0, 0), block.stage_tokens);
+        mk.t0 = t0;
+      }
       // At D 64 a warp takes its tiles in pairs (one softmax update per 32 tokens:
       // -3.5 % there, run 29); at D 128 pairs measured no gain and a larger loop body.
       int t = th.warp;
@@ -783,7 +871,8 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   const int group = g.group;
   const float nan = attention::quiet_nan();
   const float out_scale = Block::Format::kUndo * vgs;  // undo the placement's 2^-14; V's global scale
-  for (int idx = th.tid; idx < group * d.head_dim; idx += kThreads) {
+  // Row r of the block: query row q_row0 + r / group, head r % group of the kv head's group.
+  for (int idx = th.tid; idx < block.rows * d.head_dim; idx += kThreads) {
     const int row = idx / int(d.head_dim), col = idx % int(d.head_dim);
     float mx = kNegInf;
     for (int w = 0; w < kConsumerWarps; ++w) mx = fmaxf(mx, cm[w * 16 + row]);
@@ -794,19 +883,19 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
         l += cl[w * 16 + row] * f;
         o += co[(w * 16 + row) * kD + col] * f;
       }
-    const int64_t head = th.kv_head * group + row;
+    const int64_t head = th.kv_head * group + row % group, q_row = q_row0 + row / group;
     if (g.splits == 1) {
       const attention::RowTotal t = attention::finish_row(mx, l, attention::sink_logit2(a.sinks, head));
       float value = t.total > 0 ? o * t.factor / t.total * out_scale : 0.0f;
       float lse = t.lse;
       if (poisoned) value = lse = nan;
-      uint16_t* out = static_cast<uint16_t*>(a.out) + (th.seq * a.q_heads + head) * d.head_dim + col;
+      uint16_t* out = static_cast<uint16_t*>(a.out) + (q_row * a.q_heads + head) * d.head_dim + col;
       *out = attention::to_half_bits<kType>(value);
-      if (a.lse && col == 0) a.lse[th.seq * a.q_heads + head] = lse;
+      if (a.lse && col == 0) a.lse[q_row * a.q_heads + head] = lse;
     } else {
-      // A partial: O / l and log2(l) + max, per (sequence, split, query head).
+      // A partial: O / l and log2(l) + max, per (sequence, split, kv head, block row).
       const attention::SplitWorkspace w = split_workspace(p);
-      const int64_t part = (th.seq * g.splits + th.split) * a.q_heads + head;
+      const int64_t part = ((th.seq * g.splits + th.split) * d.heads + th.kv_head) * g.rows + row;
       w.partial[part * kD + col] = poisoned ? nan : (l > 0 ? o / l : 0.0f);
       if (col == 0) w.lse2[part] = poisoned ? nan : (l > 0 ? mx + log2f(l) : kNegInf);
     }
@@ -824,22 +913,25 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   __threadfence();  // the other splits' partials, seen through their fences
   Carve c;
   attention::MergeSmem m;
-  char* area = reinterpret_cast<char*>(s.stage);  // (splits + 3) x group words: at most 17 KB
-  m.weight = c.take<float>(area, size_t(g.splits) * group);
-  m.total = c.take<float>(area, group);
-  m.m_all = c.take<float>(area, group);
-  m.nan = c.take<int>(area, group);
+  char* area = reinterpret_cast<char*>(s.stage);  // (splits + 3) x rows words: at most 17 KB
+  m.weight = c.take<float>(area, size_t(g.splits) * block.rows);
+  m.total = c.take<float>(area, block.rows);
+  m.m_all = c.take<float>(area, block.rows);
+  m.nan = c.take<int>(area, block.rows);
   const int64_t head0 = th.kv_head * group;
   attention::MergeJob job;
-  job.row0 = th.seq * g.splits * a.q_heads + head0;
-  job.split_stride = a.q_heads;
-  job.rows = group;
+  job.row0 = (th.seq * g.splits * d.heads + th.kv_head) * g.rows;
+  job.split_stride = d.heads * g.rows;
+  job.rows = block.rows;
   job.splits = g.splits;
   job.dim = int(d.head_dim);
   job.partial_dim = kD;
-  job.out = static_cast<uint16_t*>(a.out) + (th.seq * a.q_heads + head0) * d.head_dim;
+  job.out = static_cast<uint16_t*>(a.out) + (q_row0 * a.q_heads + head0) * d.head_dim;
   job.out_stride = d.head_dim;
-  job.lse = a.lse ? a.lse + th.seq * a.q_heads + head0 : nullptr;
+  job.per_token = group;
+  job.token_out_stride = a.q_heads * d.head_dim;
+  job.lse = a.lse ? a.lse + q_row0 * a.q_heads + head0 : nullptr;
+  job.token_lse_stride = a.q_heads;
   job.sinks = a.sinks ? a.sinks + head0 : nullptr;
   job.out_scale = out_scale;
   attention::merge_rows<kThreads, kType>(w, job, m, th.tid);
@@ -850,21 +942,21 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
 // The registers by __launch_bounds__: 96 for two blocks of 9 warps per SM (registers
 // are allocated for warps in pairs, so 112 with __maxnreg__ left one block per SM
 // and 220 at D 256 / group 16 could not launch: run 32).
-template <int kD, int kGroupRows, ElementType kType, bool kSoftcap>
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort>
 __global__ void __launch_bounds__(kThreads, decode_blocks_per_sm(kD, kGroupRows)) decode_kernel(const __grid_constant__ DecodeParams p) {
 #if NVFP4KV_KERNEL_ARCH_SUPPORTED
   extern __shared__ __align__(128) char smem[];
   const DecodeThread th{int(threadIdx.x), int(threadIdx.x) / 32, int(threadIdx.x) % 32, int64_t(blockIdx.x),
                         int64_t(blockIdx.y), int64_t(blockIdx.z)};
-  decode_device<kD, kGroupRows, kType, kSoftcap>(p, smem, th);
+  decode_device<kD, kGroupRows, kType, kSoftcap, kShort>(p, smem, th);
 #else
   __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
 #endif
 }
 
-template <int kD, int kGroupRows, ElementType kType, bool kSoftcap>
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort>
 cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
-  const auto kernel = decode_kernel<kD, kGroupRows, kType, kSoftcap>;
+  const auto kernel = decode_kernel<kD, kGroupRows, kType, kSoftcap, kShort>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, p.geometry.smem_bytes);
   if (e != cudaSuccess) return e;
   const dim3 grid{unsigned(p.geometry.splits), unsigned(p.layout.dims().heads), unsigned(p.args.batch.batch)};
@@ -872,16 +964,17 @@ cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Runs op.run<kD, kGroupRows, kType, kSoftcap>() for the call's head dim, GQA rows,
-// type and soft-cap.
+// Runs op.run<kD, kGroupRows, kType, kSoftcap, kShort>() for the call's head dim,
+// rows (decode_instance_rows), type, soft-cap and route; the short-query route has
+// instances of 16 rows only.
 template <typename Op>
 cudaError_t dispatch(const DecodeParams& p, const Op& op) {
-  const int64_t group = p.args.q_heads / p.layout.dims().heads;
   return NVFP4KV_DISPATCH_HALF_TYPE(p.args.q_type, kType, [&] {
-    return NVFP4KV_DISPATCH_GROUP_ROWS(group, kGroupRows, [&] {
-      return NVFP4KV_DISPATCH_SOFTCAP(p.args.softcap > 0, kSoftcap, [&] {
-        return NVFP4KV_DISPATCH_ATTENTION_HEAD_DIM(p.geometry.head_dim, kD,
-                                                   [&] { return op.template run<kD, kGroupRows, kType, kSoftcap>(); });
+    return NVFP4KV_DISPATCH_SOFTCAP(p.args.softcap > 0, kSoftcap, [&] {
+      return NVFP4KV_DISPATCH_ATTENTION_HEAD_DIM(p.geometry.head_dim, kD, [&] {
+        if (p.geometry.queries > 1) return op.template run<kD, 16, kType, kSoftcap, true>();
+        return NVFP4KV_DISPATCH_GROUP_ROWS(decode_instance_rows(p.geometry), kGroupRows,
+                                           [&] { return op.template run<kD, kGroupRows, kType, kSoftcap, false>(); });
       });
     });
   });
@@ -890,9 +983,9 @@ cudaError_t dispatch(const DecodeParams& p, const Op& op) {
 struct LaunchOp {
   const DecodeParams& p;
   cudaStream_t stream;
-  template <int kD, int kGroupRows, ElementType kType, bool kSoftcap>
+  template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort>
   cudaError_t run() const {
-    return launch<kD, kGroupRows, kType, kSoftcap>(p, stream);
+    return launch<kD, kGroupRows, kType, kSoftcap, kShort>(p, stream);
   }
 };
 
@@ -900,9 +993,9 @@ struct LaunchOp {
 struct OccupancyOp {
   const DecodeGeometry& g;
   int* per_sm;
-  template <int kD, int kGroupRows, ElementType kType, bool kSoftcap>
+  template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort>
   cudaError_t run() const {
-    const auto kernel = decode_kernel<kD, kGroupRows, kType, kSoftcap>;
+    const auto kernel = decode_kernel<kD, kGroupRows, kType, kSoftcap, kShort>;
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g.smem_bytes);
     if (e != cudaSuccess) return e;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, kThreads, g.smem_bytes);
@@ -939,7 +1032,7 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
     e = dispatch(q, OccupancyOp{geo, &per_sm});
     return e == cudaSuccess ? per_sm : -1;
   };
-  *unsupported = nvfp4kv::plan_decode_geometry(p.layout, p.args, dev, kernel, &p.geometry);
+  *unsupported = nvfp4kv::plan_decode_geometry(p.layout, p.args, dev, kernel, &p.geometry, p.max_q_len);
   if (e != cudaSuccess) {
     unsupported->clear();
     return e;

@@ -17,13 +17,18 @@ struct DecodeParams {
   CacheBuffers cache;
   DecodeArgs args;
   DecodeGeometry geometry;
+  // The short-query route (a mixed batch's runs of q length 2..16 / group): each
+  // sequence's query rows cu_q[s] .. cu_q[s + 1] of args.q / out / lse, at most
+  // max_q_len of them (which sizes geometry.rows); null with max_q_len 1: decode.
+  const int32_t* cu_q = nullptr;
+  int64_t max_q_len = 1;
   // geometry.tensor_rows: each region's (page, head) tiles of this call's layer, as
   // the copy engine reads them (filled by launch_decode from the layout and the buffers).
   CUtensorMap rows[kRegionCount] = {};
 };
 
-// Fills p.geometry (core's plan_decode_geometry) from the layout and the args'
-// shape on the current device, with the kernel's shared memory and occupancy;
+// Fills p.geometry (core's plan_decode_geometry) from the layout, the args' shape
+// and p.max_q_len on the current device, with the kernel's shared memory and occupancy;
 // kUnsupported-class problems come back as a message.
 cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported);
 
