@@ -8,7 +8,7 @@
 # nlohmann headers travel in .carry/ (bench/README.md says how to make it).
 # Options (environment): NVFP4KV_BEFORE=DIR (an older source tree to benchmark
 # beside this one), NVFP4KV_DECODE=full|quick|0, NVFP4KV_NCU=1 (Nsight Compute on
-# one decode launch; =source: per-instruction counts too), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_PREFILL=quick|full (bench/prefill_vs_sdpa.py; off by default), NVFP4KV_SHORT=1 (short-query cells: mixed_attention at q length 1, 2, 4 beside prefill's route; off by default), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_SANITIZE=0, NVFP4KV_CPU_TESTS=0, NVFP4KV_BENCH=0
+# one decode launch; =source: per-instruction counts too), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_PREFILL=quick|full (bench/prefill_vs_sdpa.py; off by default), NVFP4KV_SHORT=1 (short-query cells: mixed_attention at q length 1, 2, 4 beside prefill's route; off by default), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_SANITIZE=0, NVFP4KV_CPU_TESTS=0, NVFP4KV_BENCH=0, NVFP4KV_SKIP_BUILD=1 (use build/gpu as it is)
 # (skip the store/gather benchmark).
 set -uo pipefail
 OUT=${OUT:-/tmp/nvfp4kv-out}
@@ -35,9 +35,13 @@ if [ -n "$before" ]; then
     cmake --build build/before -j 8 --target nvfp4kv_bench > "$OUT/build_before.log" 2>&1) &
   before_pid=$!
 fi
+if [ "${NVFP4KV_SKIP_BUILD:-0}" = 1 ] && [ -x build/gpu/nvfp4kv ]; then
+  echo "build/gpu as it is (NVFP4KV_SKIP_BUILD=1)"
+else
 configure . build/gpu > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build/gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
 grep -E "spill|warning" "$OUT/build.log" | sort | uniq -c | head -10
+fi
 [ -n "$before" ] && { wait $before_pid || { echo "before-tree build failed"; tail -20 "$OUT/build_before.log"; before=""; }; }
 
 if [ "${NVFP4KV_TESTS:-1}" = 1 ]; then
