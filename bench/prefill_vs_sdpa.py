@@ -9,8 +9,9 @@ faster reported by name (a backend that refuses the cell is skipped, with GQA ex
 to all query heads first where enable_gqa is refused). Median of 7 event-timed calls
 after warm-up. nvfp4kv: `nvfp4kv bench prefill --json` (median of 7 launches). Both
 counted as causal attention's FLOPs: 4 D per attended (query head, key token) pair.
-Short-query cells (q length 4) are also set beside one-token decode at the same batch
-and context (`nvfp4kv bench decode --json`): the issue's bound is 1.3x its time.
+Short-query cells (q length 4) run through the mixed-batch call (`--mixed`: its short-query
+route) and are also set beside one-token decode at the same batch and context (`nvfp4kv
+bench decode --json`): the issue's bound is 1.3x its time.
 Writes prefill.md, prefill.json and prefill_h200.png into --out.
 
 usage: prefill_vs_sdpa.py --nvfp4kv build/gpu/nvfp4kv --out DIR [--quick]
@@ -103,9 +104,11 @@ def run_json(cmd):
 
 
 def ours(nvfp4kv, cell):
-    b, L, C, hq, hkv, d, _ = cell
+    """Milliseconds of our call; short-query cells through the mixed-batch call, which routes them."""
+    b, L, C, hq, hkv, d, kind = cell
     rows = run_json([nvfp4kv, "bench", "prefill", "--json", "--batch", str(b), "--prompt", str(L), "--cached", str(C),
-                     "--q-heads", str(hq), "--kv-heads", str(hkv), "--head-dim", str(d)])
+                     "--q-heads", str(hq), "--kv-heads", str(hkv), "--head-dim", str(d)] +
+                    (["--mixed"] if kind == "short" else []))
     return rows[-1]["ms"]
 
 
