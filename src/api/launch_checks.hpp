@@ -64,16 +64,17 @@ inline Result format_checks(const ValidLayout& layout, int64_t layer, const char
   return {};
 }
 
-// Decode attention places E2M1 codes by their bits, so it reads the standard order only so
-// far: another is refused. Store, gather and prefill move each data word's bits to or from
-// the standard order and take any.
+// Decode attention places E2M1 codes by their bits, with a placement for the standard
+// order and one for fp16-split (the native layout's; kernels/decode/kernel.cuh): another
+// order is refused. Store, gather and prefill move each data word's bits to or from the
+// standard order and take any.
 inline Result code_order_checks(const ValidLayout& layout, const char* who) {
-  if (const CodeOrder& codes = layout.layout().codes; !codes.is_standard())
-    return {Status::kUnsupported, std::string(who) + ": layout " + quote_text(layout.layout().name) +
-                                      " keeps a data byte's codes in the " + code_order_text(codes) +
-                                      " order; decode attention reads the standard order only so far (store, gather, "
-                                      "prefill and the CPU reference take any)"};
-  return {};
+  const CodeOrder& codes = layout.layout().codes;
+  if (codes.is_standard() || code_order_name(codes) == "fp16-split") return {};
+  return {Status::kUnsupported, std::string(who) + ": layout " + quote_text(layout.layout().name) +
+                                    " keeps a data byte's codes in the " + code_order_text(codes) +
+                                    " order; decode attention reads the standard and fp16-split orders only so far "
+                                    "(store, gather, prefill and the CPU reference take any)"};
 }
 
 inline Result from_cuda(cudaError_t e, const char* who) {

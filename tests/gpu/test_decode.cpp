@@ -50,6 +50,7 @@ struct Case {
   bool sinks = false, lse = true;
   uint64_t seed = 1;
   int64_t stride = 0;  // block-table entries per sequence (0: enough for the longest)
+  std::string codes = "standard";  // the layout's code order (where a data byte keeps its two codes)
 };
 
 struct Outcome : testing::Comparison {
@@ -62,7 +63,9 @@ struct Outcome : testing::Comparison {
 template <typename Mutate>
 Outcome run_case(const Case& k, Mutate mutate) {
   Outcome o;
-  const Layout l = instantiate(preset_spec(k.preset), {1, k.pages, k.tokens_per_page, k.kv_heads, k.head_dim});
+  LayoutSpec spec = preset_spec(k.preset);
+  spec.codes = *code_order_named(k.codes);
+  const Layout l = instantiate(spec, {1, k.pages, k.tokens_per_page, k.kv_heads, k.head_dim});
   const ValidLayout v = validate(l);
   const CacheDims& d = v.layout().dims;
   const auto host = harness::random_cache(v, 0, k.seed);
@@ -290,6 +293,34 @@ TEST_F(GpuDecode, EverySoundPresetMatchesTheReference) {
     ++ran;
   }
   EXPECT_GE(ran, 11);
+}
+
+// The fp16-split code order (element 2j's bits where an FP16's high byte wants them):
+// decode places it with its own, shorter sequence (attention/dequant.cuh,
+// Nvfp4Fp16Split), on every copy path (one span per page, planes, tensor rows, row
+// copies), head dim, group and option; the reference reads the order from the layout.
+TEST_F(GpuDecode, TheFp16SplitCodeOrderMatchesTheReference) {
+  int ran = 0;
+  for (const char* preset : {"nvfp4kv-native", "flashinfer-hnd", "flashinfer-nhd", "vllm-packed-nhd-rows"})
+    for (int64_t dim : {64, 128, 256})
+      for (int64_t group : {1, 4, 16}) {
+        Case k;
+        k.codes = "fp16-split";
+        k.preset = preset;
+        k.head_dim = dim;
+        k.group = group;
+        k.lengths = {37, 700, 1, 16};
+        k.type = ran % 2 ? ElementType::kFloat16 : ElementType::kBFloat16;
+        k.window = ran % 3 == 1 ? 100 : 0;
+        k.softcap = ran % 4 == 2 ? 2.0f : 0;
+        k.sinks = ran % 5 == 3;
+        k.seed = uint64_t(ran) + 500;
+        const Outcome o = run_case(k);
+        expect_close(k, o, cat("fp16-split ", preset, " D", dim, " G", group));
+        if (HasFailure()) return;
+        ++ran;
+      }
+  EXPECT_EQ(ran, 36);
 }
 
 // Strided rows by tensor copies: heads sharing a row put a head's scale columns at

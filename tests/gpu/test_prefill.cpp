@@ -256,6 +256,16 @@ TEST_F(GpuPrefill, CodeOrdersOtherThanTheStandardOneMatchTheReference) {
         k.seed = uint64_t(dim) + 7;
         expect_close(k, run_case(k), cat(codes, " ", preset, " D", dim));
       }
+  // Decode reads fp16-split too: a mixed batch of every route over it.
+  for (const char* preset : {"nvfp4kv-native", "flashinfer-nhd"}) {
+    Case k;
+    k.mixed = true;
+    k.codes = "fp16-split";
+    k.preset = preset;
+    k.seqs = {{1, 37}, {4, 300}, {40, 120}, {2, 2}, {1, 900}};
+    k.pages = 128;
+    expect_close(k, run_case(k), cat("fp16-split mixed ", preset));
+  }
 }
 
 // The mixed-batch call: q length 1 runs through decode, the rest through prefill.

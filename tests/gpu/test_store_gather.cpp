@@ -414,8 +414,9 @@ TEST_F(Gpu, FormatsTheKernelsLackAreRefused) {
   formats.emplace_back(f, "smooths K");
   std::vector<std::pair<ValidLayout, std::string>> layouts;
   for (const auto& [format, needle] : formats) layouts.emplace_back(with_format(plain, format), needle);
-  // A data byte's codes in another order than the standard one: store and gather take it,
-  // attention refuses it (never reads it as standard).
+  // A data byte's codes in an order decode has no placement for (high-first): store, gather
+  // and prefill take it, decode and a mixed batch's decode run refuse it (never read it as
+  // standard).
   LayoutSpec high_first = preset_spec("nvfp4kv-native");
   high_first.codes = *code_order_named("high-first");
   const ValidLayout reordered = validate(instantiate(high_first, {2, 8, 16, 2, 64}));
@@ -441,7 +442,7 @@ TEST_F(Gpu, FormatsTheKernelsLackAreRefused) {
                    .out = out.get()};
     const int32_t q_lens[1] = {1};
     std::vector<Result> results;
-    if (codes_only) {  // store, gather and prefill take any code order; decode (and a mixed batch's decode run) not yet
+    if (codes_only) {  // store, gather and prefill take any code order; decode the standard and fp16-split ones
       EXPECT_TRUE(store(v, view, s, nullptr).ok());
       EXPECT_TRUE(gather(v, view, g, nullptr).ok());
       EXPECT_TRUE(prefill_attention(v, view, pa, nullptr).ok());

@@ -52,4 +52,19 @@ struct Nvfp4Fp16 {
   }
 };
 
+// The same placement from data bytes in the fp16-split code order (core/layout.hpp): element
+// 2i already where an FP16's high byte wants it (sign at bit 7, e1 e0 m at bits 3..1), element
+// 2i + 1 with its sign at bit 0 and e1 e0 m at bits 6..4. Byte-local like place(), so token
+// pairs merged by byte permutes before it still place right. 9 operations per 8 elements.
+struct Nvfp4Fp16Split : Nvfp4Fp16 {
+  __device__ __forceinline__ static void place(uint32_t w, uint32_t (&r)[4]) {
+    const uint32_t lo = w & 0x8E8E8E8Eu;
+    const uint32_t hi = ((w >> 3) & 0x0E0E0E0Eu) | ((w << 7) & 0x80808080u);
+    r[0] = __byte_perm(lo, 0u, 0x2404);
+    r[1] = __byte_perm(hi, 0u, 0x2404);
+    r[2] = __byte_perm(lo, 0u, 0x3414);
+    r[3] = __byte_perm(hi, 0u, 0x3414);
+  }
+};
+
 }  // namespace nvfp4kv::kernels::attention

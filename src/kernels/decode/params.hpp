@@ -1,7 +1,7 @@
 #pragma once
 // The decode-attention family: one query token per sequence against its pages
 // of the NVFP4 cache, split over thread blocks and merged (core/ops.hpp
-// DecodeArgs says what it computes; src/kernels/decode/decode.cu how).
+// DecodeArgs says what it computes; src/kernels/decode/kernel.cuh how).
 #include <cuda.h>  // CUtensorMap (a plain struct; the driver is reached through the runtime's entry points)
 #include <cuda_runtime_api.h>
 
