@@ -37,10 +37,7 @@ Result plan_rows(const ValidLayout& layout, int64_t batch, int64_t q_heads, int6
   a.q_heads = q_heads;
   a.batch.batch = batch;
   a.batch.block_table_stride = block_table_stride;
-  const CacheDims& d = layout.layout().dims;
-  if (q_heads < 1 || q_heads % d.heads != 0 || q_heads / d.heads > 16)
-    return api::invalid(who, "q_heads must be a multiple of the " + std::to_string(d.heads) +
-                                 " kv heads, at most 16 per kv head, got " + std::to_string(q_heads));
+  if (Result r = api::q_heads_checks(layout, q_heads, who); !r.ok()) return r;
   if (batch < 0 || batch > 65535 || block_table_stride < 1)
     return api::invalid(who, "batch must be in [0, 65535] and the block-table stride >= 1");
   kernels::DecodeParams p{.layout = layout.view(), .cache = {}, .args = {}, .geometry = {}};

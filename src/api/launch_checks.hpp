@@ -77,6 +77,15 @@ inline Result code_order_checks(const ValidLayout& layout, const char* who) {
                                     "(store, gather, prefill and the CPU reference take any)"};
 }
 
+// q_heads over the layout's kv heads: a whole GQA group of 1 to 16 heads.
+inline Result q_heads_checks(const ValidLayout& layout, int64_t q_heads, const char* who) {
+  const int64_t kv_heads = layout.layout().dims.heads;
+  if (q_heads < 1 || q_heads % kv_heads != 0 || q_heads / kv_heads > 16)
+    return invalid(who, "q_heads must be a multiple of the " + std::to_string(kv_heads) +
+                            " kv heads, at most 16 per kv head, got " + std::to_string(q_heads));
+  return {};
+}
+
 inline Result from_cuda(cudaError_t e, const char* who) {
   if (e == cudaSuccess) return {};
   return {Status::kCudaError, std::string(who) + ": " + cudaGetErrorString(e)};

@@ -85,12 +85,10 @@ PrefillArgs prefill_run(const MixedBatch& m, const AttentionRun& run) {
 Result mixed_workspace_bytes(const ValidLayout& layout, const int32_t* q_lens, int64_t batch, int64_t q_heads,
                              int64_t block_table_stride, size_t* bytes) {
   const char* who = "mixed_workspace_bytes";
-  const int64_t kv_heads = layout.layout().dims.heads;
-  if (q_heads < 1 || q_heads % kv_heads != 0 || q_heads / kv_heads > 16)
-    return api::invalid(who, "q_heads must be a multiple of the " + std::to_string(kv_heads) +
-                                 " kv heads, at most 16 per kv head, got " + std::to_string(q_heads));
+  if (Result r = api::q_heads_checks(layout, q_heads, who); !r.ok()) return r;
   std::vector<AttentionRun> runs;
-  if (std::string p = plan_mixed_runs(q_lens, batch, q_heads / kv_heads, &runs); !p.empty()) return api::invalid(who, p);
+  if (std::string p = plan_mixed_runs(q_lens, batch, q_heads / layout.layout().dims.heads, &runs); !p.empty())
+    return api::invalid(who, p);
   *bytes = 0;
   for (const AttentionRun& run : runs) {
     DecodePlan plan;

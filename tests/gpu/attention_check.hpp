@@ -1,7 +1,8 @@
 #pragma once
 // What the attention GPU tests share: comparing a kernel's 16-bit outputs and
 // its LSE with the fp64 reference's (NaN where the reference marks a row, never
-// the poison a test filled the output with).
+// the poison a test filled the output with), and an attention call captured in a
+// CUDA graph for replays.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -9,7 +10,11 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
+#include "nvfp4kv/api/result.hpp"
 #include "nvfp4kv/core/half.hpp"
+#include "nvfp4kv/harness/cuda_check.hpp"
 
 namespace nvfp4kv::testing {
 
@@ -57,5 +62,37 @@ inline Comparison compare_attention(const std::vector<uint16_t>& got, const std:
     }
   return o;
 }
+
+// One attention call captured in a CUDA graph on a stream of its own: `launch(stream)`
+// returns the call's Result (captured()); replay() launches the graph and waits for it.
+class CapturedGraph {
+ public:
+  template <typename Launch>
+  explicit CapturedGraph(Launch launch) {
+    NVFP4KV_CUDA_CHECK(cudaStreamCreate(&stream_));
+    NVFP4KV_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+    captured_ = launch(stream_);
+    NVFP4KV_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
+    if (captured_.ok()) NVFP4KV_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  ~CapturedGraph() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+    cudaStreamDestroy(stream_);
+  }
+  const Result& captured() const { return captured_; }
+  void replay() const {
+    NVFP4KV_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
+    NVFP4KV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  Result captured_;
+};
 
 }  // namespace nvfp4kv::testing

@@ -439,15 +439,8 @@ TEST_F(GpuDecode, GraphReplaysFollowChangingLengthsAndTables) {
   g.out = out.get();
   g.workspace = ws.get();
   g.workspace_bytes = ws.size();
-  cudaStream_t s;
-  NVFP4KV_CUDA_CHECK(cudaStreamCreate(&s));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  NVFP4KV_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  const Result captured = decode_attention(v, cache.view(), g, s);
-  NVFP4KV_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  ASSERT_TRUE(captured.ok()) << captured.message;
-  NVFP4KV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const testing::CapturedGraph graph([&](cudaStream_t s) { return decode_attention(v, cache.view(), g, s); });
+  ASSERT_TRUE(graph.captured().ok()) << graph.captured().message;
   for (int replay = 0; replay < 4; ++replay) {
     std::vector<int32_t> table(static_cast<size_t>(batch * stride)), lengths(static_cast<size_t>(batch));
     for (auto& t : table) t = int32_t(rng() % uint64_t(d.pages));
@@ -455,8 +448,7 @@ TEST_F(GpuDecode, GraphReplaysFollowChangingLengthsAndTables) {
     dtable.upload(table);
     dlen.upload(lengths);
     out.fill_bytes(0xFF);
-    NVFP4KV_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    NVFP4KV_CUDA_CHECK(cudaStreamSynchronize(s));
+    graph.replay();
     DecodeArgs a = g;
     a.q = q.data();
     a.batch.block_table = table.data();
@@ -475,9 +467,6 @@ TEST_F(GpuDecode, GraphReplaysFollowChangingLengthsAndTables) {
                 std::sqrt(num / den));
     EXPECT_LT(std::sqrt(num / den), rel_l2_bound(ElementType::kBFloat16)) << "replay " << replay;
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(s);
 }
 
 }  // namespace

@@ -403,15 +403,8 @@ TEST_F(GpuPrefill, ShortQueryGraphReplaysFollowChangingLengthsAndTables) {
   g.v_global_scale = dscales.get() + 1;
   g.out = out.get();
   const MixedBatch m{.args = g, .q_lens = q_lens.data(), .workspace = ws.get(), .workspace_bytes = ws.size()};
-  cudaStream_t s;
-  NVFP4KV_CUDA_CHECK(cudaStreamCreate(&s));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  NVFP4KV_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  const Result captured = mixed_attention(v, cache.view(), m, s);
-  NVFP4KV_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  ASSERT_TRUE(captured.ok()) << captured.message;
-  NVFP4KV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const testing::CapturedGraph graph([&](cudaStream_t s) { return mixed_attention(v, cache.view(), m, s); });
+  ASSERT_TRUE(graph.captured().ok()) << graph.captured().message;
   for (int replay = 0; replay < 4; ++replay) {
     std::vector<int32_t> table(static_cast<size_t>(batch * stride)), lengths(static_cast<size_t>(batch));
     for (auto& t : table) t = int32_t(rng() % uint64_t(d.pages));
@@ -419,8 +412,7 @@ TEST_F(GpuPrefill, ShortQueryGraphReplaysFollowChangingLengthsAndTables) {
     dtable.upload(table);
     dlen.upload(lengths);
     out.fill_bytes(0xFF);
-    NVFP4KV_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    NVFP4KV_CUDA_CHECK(cudaStreamSynchronize(s));
+    graph.replay();
     PrefillArgs a = g;
     a.q = q.data();
     a.cu_seqlens_q = cu.data();
@@ -436,52 +428,43 @@ TEST_F(GpuPrefill, ShortQueryGraphReplaysFollowChangingLengthsAndTables) {
     EXPECT_LT(c.rel_l2, rel_l2_bound(ElementType::kBFloat16)) << "replay " << replay;
     EXPECT_EQ(c.unwritten, 0) << "replay " << replay;
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(s);
 }
 
-// Bad entries on the short-query route, as prefill counts and marks them: a bad page
-// in the window, a kv length past the table, a q length above the kv length.
-TEST_F(GpuPrefill, ShortQueryBadEntriesAreCountedNeverReadAndMarkTheirSequence) {
-  Case k;
-  k.mixed = true;
-  k.seqs = {{3, 64}, {3, 64}, {3, 64}, {4, 2}, {2, 64}};
-  k.window = 20;
-  const Outcome o = run_case(k, [](std::vector<int32_t>& table, std::vector<int32_t>& kv, std::vector<int32_t>&) {
-    table[size_t(1 * 4 + 3)] = 100000;
-    kv[2] = 4 * 16 + 9;
-    table[size_t(4 * 4 + 0)] = -5;  // before sequence 4's window: never read
-  });
-  EXPECT_EQ(o.nan_mismatch, 0);
-  EXPECT_EQ(o.gpu.bad_pages, 16u);
-  EXPECT_EQ(o.gpu.bad_lengths, 2u);
-  EXPECT_EQ(o.cpu.bad_pages, o.gpu.bad_pages);
-  EXPECT_EQ(o.cpu.bad_lengths, o.gpu.bad_lengths);
-  EXPECT_EQ(o.nan_rows, (3 + 3 + 4) * 8);  // sequences 1, 2, 3, every head
-  EXPECT_LT(o.rel_l2, rel_l2_bound(k.type));
-  EXPECT_EQ(o.unwritten, 0);
-}
-
-TEST_F(GpuPrefill, BadEntriesAreCountedNeverReadAndMarkTheirSequence) {
-  Case k;
-  k.seqs = {{10, 64}, {10, 64}, {10, 64}, {70, 64}, {4, 64}};
-  // Sequence 1's second page does not exist; sequence 2 is longer than its table;
-  // sequence 3 has more new tokens than tokens; sequence 4's bad page lies before its window.
+// Bad entries, counted and marked as the reference does: sequence 1's last page does not
+// exist, sequence 2 is longer than its table, sequence 3 has more new tokens than tokens
+// (the caller's q and kv lengths),
+// and sequence 4's bad first page lies before its window (never read); each holds 64
+// tokens in its table of 4 pages. Sequences 0 and 4 stay right.
+void expect_bad_entries_marked(Case k, const char* what) {
   k.window = 20;
   const Outcome o = run_case(k, [](std::vector<int32_t>& table, std::vector<int32_t>& kv, std::vector<int32_t>&) {
     table[size_t(1 * 4 + 3)] = 100000;
     kv[2] = 4 * 16 + 9;
     table[size_t(4 * 4 + 0)] = -5;
   });
-  EXPECT_EQ(o.nan_mismatch, 0);
-  EXPECT_EQ(o.gpu.bad_pages, 16u);
-  EXPECT_EQ(o.gpu.bad_lengths, 2u);
-  EXPECT_EQ(o.cpu.bad_pages, o.gpu.bad_pages);
-  EXPECT_EQ(o.cpu.bad_lengths, o.gpu.bad_lengths);
-  EXPECT_EQ(o.nan_rows, (10 + 10 + 70) * 8);  // sequences 1, 2, 3, every head
-  EXPECT_LT(o.rel_l2, rel_l2_bound(k.type));  // sequences 0 and 4 are still right
-  EXPECT_EQ(o.unwritten, 0);
+  EXPECT_EQ(o.nan_mismatch, 0) << what;
+  EXPECT_EQ(o.gpu.bad_pages, 16u) << what;
+  EXPECT_EQ(o.gpu.bad_lengths, 2u) << what;
+  EXPECT_EQ(o.cpu.bad_pages, o.gpu.bad_pages) << what;
+  EXPECT_EQ(o.cpu.bad_lengths, o.gpu.bad_lengths) << what;
+  // Sequences 1, 2 and 3 marked, every head.
+  EXPECT_EQ(o.nan_rows, int64_t(k.seqs[1].first + k.seqs[2].first + k.seqs[3].first) * 8) << what;
+  EXPECT_LT(o.rel_l2, rel_l2_bound(k.type)) << what;
+  EXPECT_EQ(o.unwritten, 0) << what;
+}
+
+TEST_F(GpuPrefill, BadEntriesAreCountedNeverReadAndMarkTheirSequence) {
+  Case k;
+  k.seqs = {{10, 64}, {10, 64}, {10, 64}, {70, 64}, {4, 64}};
+  expect_bad_entries_marked(k, "prefill");
+}
+
+// The same on the short-query route (q lengths 2-4 at group 4, in a mixed call).
+TEST_F(GpuPrefill, ShortQueryBadEntriesAreCountedNeverReadAndMarkTheirSequence) {
+  Case k;
+  k.mixed = true;
+  k.seqs = {{3, 64}, {3, 64}, {3, 64}, {4, 2}, {2, 64}};
+  expect_bad_entries_marked(k, "short-query route");
 }
 
 // A 4096-token prompt in one call, in chunks of 17, 256 and 1000 tokens (each

@@ -45,6 +45,7 @@
 #include "../attention/epilogue.cuh"
 #include "../attention/mma.cuh"
 #include "../attention/options.cuh"
+#include "../attention/query.cuh"
 #include "../attention/softmax.cuh"
 #include "../attention/split.cuh"
 #include "../common/device.cuh"
@@ -54,6 +55,10 @@
 #include "smem.cuh"
 
 namespace nvfp4kv::kernels::decode {
+
+// A token position relative to a span's first token, in 32 bits: clamped to
+// +-2^30, far past any stage (the mask compares it with stage offsets only).
+__device__ __forceinline__ int clamp_rel(int64_t x) { return int(min(max(x, int64_t(-(1 << 30))), int64_t(1 << 30))); }
 
 using attention::fast_exp2, attention::hmul2, attention::kLog2e, attention::kNegInf, attention::mma_16816,
     attention::pack_half2, attention::transpose_8x8;
@@ -305,28 +310,12 @@ struct DecodeBlock {
     const int group = p.geometry.group;
     for (int r = th.warp; r < 16; r += kConsumerWarps) {
       // Row r: query token r / group of the sequence, head r % group of the kv head's group.
-      const uint16_t* q = static_cast<const uint16_t*>(a.q) + (q_row0 + r / group) * token_stride +
-                          (th.kv_head * group + r % group) * d.head_dim;
-      float v[kD / 32];
-      float amax = 0;
-#pragma unroll
-      for (int k = 0; k < kD / 32; ++k) {
-        const int col = th.lane + 32 * k;
-        v[k] = 0;
-        if (r < rows && col < d.head_dim) {
-          const uint16_t bits = q[col];
-          v[k] = kType == ElementType::kBFloat16 ? __uint_as_float(uint32_t(bits) << 16)
-                                                 : __half2float(__ushort_as_half(bits));
-        }
-        amax = fmaxf(amax, fabsf(v[k]));
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-      int shift = 0;
-      if (amax > 0 && amax <= 3.0e38f) shift = 14 - ilogbf(amax);
-#pragma unroll
-      for (int k = 0; k < kD / 32; ++k) s.q[r * kD + th.lane + 32 * k] = __float2half_rn(ldexpf(v[k], shift));
-      if (th.lane == 0) s.row_scale[r] = ldexpf(a.softmax_scale * k_global_scale, Format::kExponentBias - shift) * kLog2e;
+      const uint16_t* q = r < rows ? static_cast<const uint16_t*>(a.q) + (q_row0 + r / group) * token_stride +
+                                         (th.kv_head * group + r % group) * d.head_dim
+                                   : nullptr;
+      const float scale = attention::prescale_query_row<kD, kType, Format>(q, d.head_dim, th.lane, s.q + r * kD,
+                                                                            a.softmax_scale * k_global_scale);
+      if (th.lane == 0) s.row_scale[r] = scale;
     }
   }
 
@@ -336,14 +325,13 @@ struct DecodeBlock {
   // union, as decode's unused rows do, so that no row is masked everywhere.
   __device__ void row_bounds(int64_t q_len) const {
     const int64_t base = span.first * n;
-    const auto rel = [](int64_t x) { return int(min(max(x, int64_t(-(1 << 30))), int64_t(1 << 30))); };
     for (int r = th.tid; r < kShortQueryRows; r += kConsumerThreads) {
       int64_t lo = span.window_start, hi = span.length;
       if (r < rows) {
         const int64_t pos = span.length - q_len + r / p.geometry.group;
         lo = attention::window_start(pos, p.args.window), hi = pos + 1;
       }
-      s.row_lo[r] = rel(lo - base), s.row_hi[r] = rel(hi - base);
+      s.row_lo[r] = clamp_rel(lo - base), s.row_hi[r] = clamp_rel(hi - base);
     }
   }
 
@@ -723,13 +711,11 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
 
     // The span's token bounds relative to its first entry's first token, in 32 bits.
     const int64_t base = span.first * n;
-    const int rel_lo = int(min(max(span.window_start - base, int64_t(-(1 << 30))), int64_t(1 << 30)));
-    const int rel_hi = int(min(max(span.length - base, int64_t(-(1 << 30))), int64_t(1 << 30)));
+    const int rel_lo = clamp_rel(span.window_start - base), rel_hi = clamp_rel(span.length - base);
     // Short-query route: what every row sees, the last query's window start to the
     // first query's position.
-    const int rel_lo_all =
-        int(min(max(attention::window_start(span.length - 1, a.window) - base, int64_t(-(1 << 30))), int64_t(1 << 30)));
-    const int rel_hi_all = int(min(max(span.length - q_len + 1 - base, int64_t(-(1 << 30))), int64_t(1 << 30)));
+    const int rel_lo_all = clamp_rel(attention::window_start(span.length - 1, a.window) - base);
+    const int rel_hi_all = clamp_rel(span.length - q_len + 1 - base);
     int slot = 0;
     unsigned phase = 0;
     for (int j = 0; j < stages; ++j) {
