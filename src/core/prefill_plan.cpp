@@ -17,8 +17,8 @@ std::string plan_prefill_geometry(const LayoutView& layout, const PrefillArgs& a
   PrefillGeometry g;
   g.head_dim = attention_instance_dim(d.head_dim);
   g.group = int(args.q_heads / d.heads);
-  // The group's heads share every dequantized K/V element: a block's 64 rows are
-  // 64 / group query tokens times the group (a group of 3 uses 63 rows).
+  // The group's heads share every dequantized K/V element: a block's 128 rows are
+  // 128 / group query tokens times the group (a group of 3 uses 126 rows).
   g.tokens_per_tile = kRows / g.group;
   g.q_tiles = std::max<int64_t>(1, (args.max_q_len + g.tokens_per_tile - 1) / g.tokens_per_tile);
   g.kv_tile = kKvTile;

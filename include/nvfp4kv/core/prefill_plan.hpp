@@ -16,7 +16,7 @@ namespace nvfp4kv {
 
 // The prefill kernel's fixed shape.
 namespace prefill_limits {
-constexpr int kWarps = 4;              // each warp owns 16 query rows
+constexpr int kWarps = 8;              // each warp owns 16 query rows
 constexpr int kRows = 16 * kWarps;     // query rows of a block: (token, head of the GQA group) pairs
 constexpr int kKvTile = 64;            // kv tokens dequantized and consumed per step
 constexpr int kPad = 8;                // FP16 elements after each shared-memory row (bank spread)
@@ -32,13 +32,11 @@ struct PrefillGeometry {
 };
 
 // A block's shared memory, in the order the kernel carves it (each part a
-// multiple of 16 bytes): Q (kRows, D + kPad) FP16, K (kv_tile, D + kPad) FP16,
-// V^T (D, kv_tile + kPad) FP16, the rows' logit multipliers (kRows) float, and
-// 16 bytes of flags.
+// multiple of 16 bytes): Q (kRows, D + kPad) FP16, K and V (kv_tile, D + kPad)
+// FP16 each, the rows' logit multipliers (kRows) float, and 16 bytes of flags.
 NVFP4KV_HD constexpr size_t prefill_smem_bytes(int head_dim, int kv_tile) {
   using namespace prefill_limits;
-  return size_t(kRows) * (head_dim + kPad) * 2 + size_t(kv_tile) * (head_dim + kPad) * 2 +
-         size_t(head_dim) * (kv_tile + kPad) * 2 + size_t(kRows) * 4 + 16;
+  return size_t(kRows) * (head_dim + kPad) * 2 + 2 * size_t(kv_tile) * (head_dim + kPad) * 2 + size_t(kRows) * 4 + 16;
 }
 
 // Fills *out from the layout and the call's shape (args: q_heads, max_q_len).

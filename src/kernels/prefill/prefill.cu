@@ -1,18 +1,21 @@
-// Paged prefill / extend attention over the NVFP4 cache (first version: mma.sync).
+// Paged prefill / extend attention over the NVFP4 cache (mma.sync, FlashAttention-2's shape).
 //
 // A thread block owns (query tile, kv head, sequence): tokens_per_tile new tokens
-// of one sequence times the query heads of one GQA group, as up to 64 rows (row r:
+// of one sequence times the query heads of one GQA group, as up to 128 rows (row r:
 // token r / group, head r % group), so each dequantized K/V element serves every
-// head of the group. Four warps own 16 rows each. The block walks the kv tokens its
-// rows attend to in tiles of 64:
-//  - all threads dequantize the tile into shared memory, K as (token, D) and V as
-//    V^T (D, token), FP16 values e2m1 * 2^-14 * block scale (exact; the shared
-//    attention/dequant.cuh placement), reading each (page, head) row through the
-//    validated layout's tile map, so any layout the validator accepts is read;
-//    tokens outside the rows' range are zeros;
+// head of the group and 128 rows. Eight warps own 16 rows each. The block walks the
+// kv tokens its rows attend to in tiles of 64, software-pipelined:
+//  - each thread holds its share of the next tile's raw bytes in registers (data
+//    words and block scales of (token, 16-element group) items, read through the
+//    validated layout's tile map, so any layout the validator accepts is read), loaded
+//    while the current tile is computed; the block-table entries one tile further ahead;
+//  - at the top of a tile the threads dequantize their registers into shared memory,
+//    K and V both as (token, D) FP16, e2m1 * 2^-14 * block scale (exact; the shared
+//    attention/dequant.cuh placement); tokens outside the rows' range are zeros;
 //  - each warp computes S = Q K^T (m16n8k16: M = its 16 rows, N = 8 tokens, K = 16
-//    columns of D), masks (causal, window), runs the online softmax in base 2 and
-//    accumulates O += P V with P straight from the S accumulators as A fragments.
+//    columns of D; Q and K fragments by ldmatrix), masks (causal, window) only on
+//    tiles that need it, runs the online softmax in base 2 and accumulates O += P V
+//    with P straight from the S accumulators as A fragments and V's by ldmatrix.trans.
 // Global scales, the query's power-of-two prescale and the placement's 2^-14 fold
 // into one logit multiplier per row and one output multiplier.
 #include <cuda_bf16.h>
@@ -41,20 +44,18 @@ using Format = Nvfp4Fp16;
 // The block's shared memory, carved in prefill_smem_bytes' order.
 template <int kD>
 struct Smem {
-  static constexpr int kQStride = kD + kPad;       // halves between Q rows
-  static constexpr int kKStride = kD + kPad;       // halves between K rows (tokens)
-  static constexpr int kVStride = kKvTile + kPad;  // halves between V^T rows (columns of D)
-  __half* q;          // (kRows, kQStride) the rows' queries, prescaled
-  __half* k;          // (kKvTile, kKStride)
-  __half* vt;         // (kD, kVStride)
+  static constexpr int kStride = kD + kPad;  // halves between rows of Q, K and V (ldmatrix rows on distinct banks)
+  __half* q;          // (kRows, kStride) the rows' queries, prescaled
+  __half* k;          // (kKvTile, kStride)
+  __half* v;          // (kKvTile, kStride)
   float* row_scale;   // (kRows) logit multiplier per row (base 2)
   int* flags;         // [0]: a bad page among the sequence's tokens
   __device__ static Smem carve(char* base) {
     Smem s;
     s.q = reinterpret_cast<__half*>(base);
-    s.k = s.q + kRows * kQStride;
-    s.vt = s.k + kKvTile * kKStride;
-    s.row_scale = reinterpret_cast<float*>(s.vt + kD * kVStride);
+    s.k = s.q + kRows * kStride;
+    s.v = s.k + kKvTile * kStride;
+    s.row_scale = reinterpret_cast<float*>(s.v + kKvTile * kStride);
     s.flags = reinterpret_cast<int*>(s.row_scale + kRows);
     return s;
   }
@@ -70,69 +71,107 @@ struct Block {
   int rows;                     // tokens * group
 };
 
-__device__ __forceinline__ uint32_t load_u32(const __half* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// One thread's share of a kv tile: the (token, 16-element group) items of both
+// sides for kTokens tokens (token j0 + k * kTokenStep, group tid % kGroups), as raw
+// bytes in registers until the tile is dequantized, and the page of each token.
+template <int kD>
+struct TileShare {
+  static constexpr int kGroups = kD / 16;
+  static constexpr int kTokenStep = kThreads / kGroups;        // 64, 32, 16 at D 64, 128, 256
+  static constexpr int kTokens = kKvTile / kTokenStep;         // 1, 2, 4
+  uint32_t w[2][kTokens][2];  // (side, token): the group's two data words, standard code order
+  uint32_t scale[2][kTokens]; // (side, token): its E4M3 block scale (0 for a token that does not count)
+};
 
-// 16 elements (group g of one token's row, one side) of page `page` into FP16
-// pairs in element order, each e2m1 * 2^-14 * block scale.
-__device__ __forceinline__ void dequant_group(const PrefillParams& p, Side side, int64_t page, int64_t token, int g,
-                                              int64_t kv_head, uint32_t (&out)[8]) {
-  const SideRegions reg = side_regions(side);
-  const TileMap td = p.layout.tile(reg.data, p.args.layer, page, kv_head);
-  const TileMap ts = p.layout.tile(reg.scale, p.args.layer, page, kv_head);
-  const uint8_t* const data = p.cache.ptr[p.layout.region(reg.data).buffer];
-  const uint8_t* const scale = p.cache.ptr[p.layout.region(reg.scale).buffer];
-  uint32_t w[2];
-  if (p.layout.vector_bytes(reg.data) >= 8 && td.column.is_plain() && td.column.stride == 1) {
-    const uint2 v = *reinterpret_cast<const uint2*>(data + td.offset(token, 8 * g));
-    w[0] = v.x, w[1] = v.y;
-  } else {
-    for (int k = 0; k < 2; ++k) {
-      w[k] = 0;
-      for (int b = 0; b < 4; ++b) w[k] |= uint32_t(data[td.offset(token, 8 * g + 4 * k + b)]) << (8 * b);
-    }
+// Where this thread's tokens of the tile at kv0 live: their pages (-1 for tokens
+// outside [lo, hi)) and their places in them.
+template <int kD>
+struct TilePages {
+  int32_t page[TileShare<kD>::kTokens], token[TileShare<kD>::kTokens];
+};
+template <int kD>
+__device__ __forceinline__ TilePages<kD> tile_pages(const PrefillParams& p, const Block& b, int64_t kv0, int64_t lo,
+                                                    int64_t hi) {
+  using T = TileShare<kD>;
+  const int64_t n = p.layout.dims().tokens_per_page;
+  TilePages<kD> tp;
+#pragma unroll
+  for (int k = 0; k < T::kTokens; ++k) {
+    const int64_t t = kv0 + b.tid / T::kGroups + k * T::kTokenStep;
+    // 32-bit division where the position allows it (tokens per page are below 2^31).
+    const int64_t e = t <= INT32_MAX ? int64_t(uint32_t(t) / uint32_t(n)) : t / n;
+    tp.token[k] = int32_t(t - e * n);
+    tp.page[k] = t >= lo && t < hi ? int32_t(page_of(p.args.batch, b.seq, e, p.layout.dims().pages)) : -1;
   }
-  // A layout whose data bytes keep their codes in another order: back to the standard
-  // order first (a bit move per byte; this dequantization is amortized over the tile's rows).
-  if (const CodeOrder& codes = p.layout.codes(); !codes.is_standard()) w[0] = codes.decode_word(w[0]), w[1] = codes.decode_word(w[1]);
-  const uint32_t sf = Format::scale_pair(scale[ts.offset(token, g)]);
-  for (int k = 0; k < 2; ++k) {
-    uint32_t r[4];  // pairs (0, 4), (1, 5), (2, 6), (3, 7) of the word's elements
-    Format::place(w[k], r);
-    out[4 * k + 0] = hmul2(__byte_perm(r[0], r[1], 0x5410), sf);  // elements 0, 1
-    out[4 * k + 1] = hmul2(__byte_perm(r[2], r[3], 0x5410), sf);  // 2, 3
-    out[4 * k + 2] = hmul2(__byte_perm(r[0], r[1], 0x7632), sf);  // 4, 5
-    out[4 * k + 3] = hmul2(__byte_perm(r[2], r[3], 0x7632), sf);  // 6, 7
+  return tp;
+}
+
+// Loads this thread's raw bytes of the tile (where tile_pages put its tokens) into sh:
+// a token without a page, and the padded groups past the head dim, read as zeros.
+template <int kD>
+__device__ __forceinline__ void fetch_tile(const PrefillParams& p, const Block& b, const TilePages<kD>& tp,
+                                           TileShare<kD>& sh) {
+  using T = TileShare<kD>;
+  const int g = b.tid % T::kGroups;
+  const bool column = 16 * g < p.layout.dims().head_dim;
+#pragma unroll
+  for (int side = 0; side < 2; ++side) {
+    const SideRegions reg = side_regions(side ? Side::kV : Side::kK);
+    const uint8_t* const data = p.cache.ptr[p.layout.region(reg.data).buffer];
+    const uint8_t* const scale = p.cache.ptr[p.layout.region(reg.scale).buffer];
+    const bool wide = p.layout.vector_bytes(reg.data) >= 8 && p.layout.region(reg.data).column.is_plain() &&
+                      p.layout.region(reg.data).column.stride == 1;
+#pragma unroll
+    for (int k = 0; k < T::kTokens; ++k) {
+      sh.w[side][k][0] = sh.w[side][k][1] = sh.scale[side][k] = 0;
+      if (tp.page[k] < 0 || !column) continue;
+      const int64_t token = tp.token[k];
+      const TileMap td = p.layout.tile(reg.data, p.args.layer, tp.page[k], b.kv_head);
+      const TileMap ts = p.layout.tile(reg.scale, p.args.layer, tp.page[k], b.kv_head);
+      if (wide) {
+        const uint2 v = *reinterpret_cast<const uint2*>(data + td.offset(token, 8 * g));
+        sh.w[side][k][0] = v.x, sh.w[side][k][1] = v.y;
+      } else {
+        for (int h = 0; h < 2; ++h)
+          for (int i = 0; i < 4; ++i) sh.w[side][k][h] |= uint32_t(data[td.offset(token, 8 * g + 4 * h + i)]) << (8 * i);
+      }
+      sh.scale[side][k] = scale[ts.offset(token, g)];
+    }
   }
 }
 
-// Tokens [kv0, kv0 + kKvTile) of the sequence into K and V^T; tokens outside
-// [lo, hi) become zeros (their probabilities are 0, and 0 * a stale value could be NaN).
+// Dequantizes this thread's share into the K and V tiles: each item 16 FP16 values
+// e2m1 * 2^-14 * block scale in element order (zeros for an item read as zeros).
 template <int kD>
-__device__ void load_kv_tile(const PrefillParams& p, const Smem<kD>& s, const Block& b, int64_t kv0, int64_t lo,
-                             int64_t hi) {
-  const int64_t n = p.layout.dims().tokens_per_page, dim = p.layout.dims().head_dim;
-  constexpr int kGroups = kD / 16;
-  for (int u = b.tid; u < kKvTile * 2 * kGroups; u += kThreads) {
-    const int j = u / (2 * kGroups), side = (u / kGroups) % 2, g = u % kGroups;
-    if (16 * g >= dim) continue;  // padded columns stay zero
-    const int64_t t = kv0 + j;
-    uint32_t v[8] = {};
-    if (t >= lo && t < hi) {
-      const int64_t page = page_of(p.args.batch, b.seq, t / n, p.layout.dims().pages);
-      dequant_group(p, side ? Side::kV : Side::kK, page, t % n, g, b.kv_head, v);
-    }
-    if (side == 0) {
-      uint4* to = reinterpret_cast<uint4*>(s.k + j * Smem<kD>::kKStride + 16 * g);
-      to[0] = make_uint4(v[0], v[1], v[2], v[3]);
-      to[1] = make_uint4(v[4], v[5], v[6], v[7]);
-    } else {
-      __half* to = s.vt + (16 * g) * Smem<kD>::kVStride + j;
-      for (int e = 0; e < 8; ++e) {
-        to[(2 * e) * Smem<kD>::kVStride] = __ushort_as_half(uint16_t(v[e] & 0xFFFFu));
-        to[(2 * e + 1) * Smem<kD>::kVStride] = __ushort_as_half(uint16_t(v[e] >> 16));
+__device__ __forceinline__ void store_tile(const PrefillParams& p, const Smem<kD>& s, const Block& b,
+                                           const TileShare<kD>& sh) {
+  using T = TileShare<kD>;
+  const int g = b.tid % T::kGroups;
+  // A layout whose data bytes keep their codes in another order: back to the standard
+  // order first (a bit move per byte; this dequantization is amortized over 128 rows).
+  const CodeOrder& codes = p.layout.codes();
+  const bool reorder = !codes.is_standard();
+#pragma unroll
+  for (int side = 0; side < 2; ++side)
+#pragma unroll
+    for (int k = 0; k < T::kTokens; ++k) {
+      const uint32_t sf = Format::scale_pair(sh.scale[side][k]);
+      uint32_t out[8];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t w = reorder ? codes.decode_word(sh.w[side][k][h]) : sh.w[side][k][h];
+        uint32_t r[4];  // pairs (0, 4), (1, 5), (2, 6), (3, 7) of the word's elements
+        Format::place(w, r);
+        out[4 * h + 0] = hmul2(__byte_perm(r[0], r[1], 0x5410), sf);  // elements 0, 1
+        out[4 * h + 1] = hmul2(__byte_perm(r[2], r[3], 0x5410), sf);  // 2, 3
+        out[4 * h + 2] = hmul2(__byte_perm(r[0], r[1], 0x7632), sf);  // 4, 5
+        out[4 * h + 3] = hmul2(__byte_perm(r[2], r[3], 0x7632), sf);  // 6, 7
       }
+      const int j = b.tid / T::kGroups + k * T::kTokenStep;
+      uint4* to = reinterpret_cast<uint4*>((side ? s.v : s.k) + j * Smem<kD>::kStride + 16 * g);
+      to[0] = make_uint4(out[0], out[1], out[2], out[3]);
+      to[1] = make_uint4(out[4], out[5], out[6], out[7]);
     }
-  }
 }
 
 // The block's query rows, prescaled (attention/query.cuh), and their logit multipliers.
@@ -144,7 +183,7 @@ __device__ void load_query(const PrefillParams& p, const Smem<kD>& s, const Bloc
   for (int r = b.warp; r < kRows; r += kWarps) {
     const int64_t token = b.row0 + b.i0 + r / group, head = b.kv_head * group + r % group;
     const uint16_t* const row = r < b.rows ? static_cast<const uint16_t*>(a.q) + token * stride + head * dim : nullptr;
-    const float scale = prescale_query_row<kD, kType, Format>(row, dim, b.lane, s.q + r * Smem<kD>::kQStride,
+    const float scale = prescale_query_row<kD, kType, Format>(row, dim, b.lane, s.q + r * Smem<kD>::kStride,
                                                               a.softmax_scale * k_global_scale);
     if (b.lane == 0) s.row_scale[r] = scale;
   }
@@ -157,39 +196,51 @@ struct WarpState {
   float m[2], l[2];  // rows g and g + 8: running max, this lane's partial sum
 };
 
-template <int kD, bool kSoftcap>
+// The tile at kv0 for this warp's rows. kMask: some token of the tile is outside some
+// row's [window start, position] (else every logit counts, and none is compared).
+template <int kD, bool kSoftcap, bool kMask>
 __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, const Block& b, int64_t kv0,
-                          const int64_t (&pos)[2], const bool (&live)[2], const float (&rs)[2], WarpState<kD>& st) {
-  const int g = b.lane >> 2, c = b.lane & 3;
-  const int r0 = 16 * b.warp + g;
+                          const int64_t (&pos)[2], const float (&rs)[2], WarpState<kD>& st) {
+  constexpr int kStride = Smem<kD>::kStride;
+  const int c = b.lane & 3;
+  const int l8 = b.lane & 7, mi = b.lane >> 3;  // ldmatrix: the lane's row in its matrix, and the matrix
   constexpr int kN = kKvTile / 8;  // n-tiles of 8 tokens
   float acc[kN][4];
 #pragma unroll
   for (int nt = 0; nt < kN; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  // Q's matrices: rows 0-7 / 8-15 (mi & 1) by columns 0-7 / 8-15 (mi >> 1) of the k-step;
+  // K's: tokens 8 (2 np + (mi >> 1)) + l8 by columns 0-7 / 8-15 (mi & 1).
+  const __half* const qrow = s.q + (16 * b.warp + 8 * (mi & 1) + l8) * kStride + 8 * (mi >> 1);
+  const __half* const krow = s.k + (8 * (mi >> 1) + l8) * kStride + 8 * (mi & 1);
 #pragma unroll
   for (int ks = 0; ks < kD / 16; ++ks) {
-    const __half* qa = s.q + r0 * Smem<kD>::kQStride + 16 * ks + 2 * c;
-    const uint32_t a0 = load_u32(qa), a1 = load_u32(qa + 8 * Smem<kD>::kQStride);
-    const uint32_t a2 = load_u32(qa + 8), a3 = load_u32(qa + 8 * Smem<kD>::kQStride + 8);
+    uint32_t a[4];
+    ldmatrix_x4(a, qrow + 16 * ks);
 #pragma unroll
-    for (int nt = 0; nt < kN; ++nt) {
-      const __half* kb = s.k + (8 * nt + g) * Smem<kD>::kKStride + 16 * ks + 2 * c;
-      mma_16816(acc[nt], a0, a1, a2, a3, load_u32(kb), load_u32(kb + 8));
+    for (int np = 0; np < kN / 2; ++np) {
+      uint32_t kb[4];
+      ldmatrix_x4(kb, krow + 16 * np * kStride + 16 * ks);
+      mma_16816(acc[2 * np], a[0], a[1], a[2], a[3], kb[0], kb[1]);
+      mma_16816(acc[2 * np + 1], a[0], a[1], a[2], a[3], kb[2], kb[3]);
     }
   }
-  // Logits in base 2, masked (causal and window), then the online softmax of rows g, g + 8.
+  // Logits in base 2, masked where the tile needs it, then the online softmax of rows g, g + 8.
   const Logits<kSoftcap> logits = Logits<kSoftcap>::make(p.args.softcap);
-  const int64_t start[2] = {window_start(pos[0], p.args.window), window_start(pos[1], p.args.window)};
+  int64_t start[2] = {0, 0};
+  if constexpr (kMask) start[0] = window_start(pos[0], p.args.window), start[1] = window_start(pos[1], p.args.window);
   float mx[2] = {kNegInf, kNegInf};
 #pragma unroll
   for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int h = k >> 1;
-      const int64_t t = kv0 + 8 * nt + 2 * c + (k & 1);
-      const bool ok = live[h] && t <= pos[h] && t >= start[h];
-      acc[nt][k] = ok ? logits(acc[nt][k] * rs[h]) : kNegInf;
-      mx[h] = fmaxf(mx[h], acc[nt][k]);
+      float x = logits(acc[nt][k] * rs[h]);
+      if constexpr (kMask) {
+        const int64_t t = kv0 + 8 * nt + 2 * c + (k & 1);
+        if (t > pos[h] || t < start[h]) x = kNegInf;
+      }
+      acc[nt][k] = x;
+      mx[h] = fmaxf(mx[h], x);
     }
   float alpha[2];
 #pragma unroll
@@ -214,16 +265,20 @@ __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, const Block
     st.o[dn][0] *= alpha[0], st.o[dn][1] *= alpha[0];
     st.o[dn][2] *= alpha[1], st.o[dn][3] *= alpha[1];
   }
-  // O += P V: P's A fragments are the S accumulators of n-tiles 2kk and 2kk + 1.
+  // O += P V: P's A fragments are the S accumulators of n-tiles 2kk and 2kk + 1; V's
+  // matrices (transposed): tokens 0-7 / 8-15 (mi & 1) by columns 8 (2 dp + (mi >> 1)).
+  const __half* const vrow = s.v + (8 * (mi & 1) + l8) * kStride + 8 * (mi >> 1);
 #pragma unroll
   for (int kk = 0; kk < kKvTile / 16; ++kk) {
     const uint32_t a0 = pack_half2(acc[2 * kk][0], acc[2 * kk][1]), a1 = pack_half2(acc[2 * kk][2], acc[2 * kk][3]);
     const uint32_t a2 = pack_half2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
     const uint32_t a3 = pack_half2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
 #pragma unroll
-    for (int dn = 0; dn < kD / 8; ++dn) {
-      const __half* vb = s.vt + (8 * dn + g) * Smem<kD>::kVStride + 16 * kk + 2 * c;
-      mma_16816(st.o[dn], a0, a1, a2, a3, load_u32(vb), load_u32(vb + 8));
+    for (int dp = 0; dp < kD / 16; ++dp) {
+      uint32_t vb[4];
+      ldmatrix_x4<true>(vb, vrow + 16 * kk * kStride + 16 * dp);
+      mma_16816(st.o[2 * dp], a0, a1, a2, a3, vb[0], vb[1]);
+      mma_16816(st.o[2 * dp + 1], a0, a1, a2, a3, vb[2], vb[3]);
     }
   }
 }
@@ -281,10 +336,12 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   b.tokens = int(min(int64_t(tpt), b.q_len - b.i0));
   b.rows = b.tokens * int(group);
 
-  // Zero the tiles once: padded columns and rows are never written again.
-  for (int i = b.tid; i < int(prefill_smem_bytes(kD, kKvTile) - kRows * 4 - 16) / 16; i += kThreads)
-    reinterpret_cast<uint4*>(s.q)[i] = make_uint4(0, 0, 0, 0);
-  __syncthreads();
+  const int64_t first_pos = b.kv_len - b.q_len + b.i0, last_pos = first_pos + b.tokens - 1;
+  const int64_t lo = window_start(first_pos, a.window), hi = last_pos + 1;
+  // The first tile's bytes start on their way before the query is prepared.
+  TileShare<kD> share;
+  fetch_tile<kD>(p, b, tile_pages<kD>(p, b, lo, lo, hi), share);
+  TilePages<kD> pages = tile_pages<kD>(p, b, lo + kKvTile, lo, hi);
   load_query<kD, kType>(p, s, b, kgs);
   __syncthreads();
 
@@ -296,22 +353,32 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   for (int h = 0; h < 2; ++h) {
     const int r = 16 * b.warp + g + 8 * h;
     live[h] = r < b.rows;
-    pos[h] = b.kv_len - b.q_len + b.i0 + r / group;
+    pos[h] = first_pos + r / group;
     rs[h] = s.row_scale[r];
   }
-  const int64_t first_pos = b.kv_len - b.q_len + b.i0, last_pos = first_pos + b.tokens - 1;
-  const int warp_last_row = min(16 * b.warp + 15, b.rows - 1);
-  const int64_t warp_last_pos = first_pos + warp_last_row / group;  // the warp's rows see no token past it
-  const int64_t lo = window_start(first_pos, a.window), hi = last_pos + 1;
+  // The warp's rows see tokens [its first row's window start, its last row's position];
+  // a tile inside [the last row's window start, the first row's position] needs no mask.
+  const bool warp_live = 16 * b.warp < b.rows;
+  const int64_t warp_first_pos = first_pos + (16 * b.warp) / group;
+  const int64_t warp_last_pos = first_pos + min(16 * b.warp + 15, b.rows - 1) / group;
+  const int64_t unmasked_from = window_start(warp_last_pos, a.window);
   WarpState<kD> st;
   for (int dn = 0; dn < kD / 8; ++dn) st.o[dn][0] = st.o[dn][1] = st.o[dn][2] = st.o[dn][3] = 0.0f;
   st.m[0] = st.m[1] = kNegInf;
   st.l[0] = st.l[1] = 0.0f;
   for (int64_t kv0 = lo; kv0 < hi; kv0 += kKvTile) {
     __syncthreads();  // the previous tile is consumed
-    load_kv_tile<kD>(p, s, b, kv0, lo, hi);
+    store_tile<kD>(p, s, b, share);
     __syncthreads();
-    if (16 * b.warp < b.rows && kv0 <= warp_last_pos) take_tile<kD, kSoftcap>(p, s, b, kv0, pos, live, rs, st);
+    if (kv0 + kKvTile < hi) {  // the next tile's bytes load while this one is computed
+      fetch_tile<kD>(p, b, pages, share);
+      pages = tile_pages<kD>(p, b, kv0 + 2 * kKvTile, lo, hi);
+    }
+    if (!warp_live || kv0 > warp_last_pos) continue;
+    if (kv0 >= unmasked_from && kv0 + kKvTile - 1 <= warp_first_pos)
+      take_tile<kD, kSoftcap, false>(p, s, b, kv0, pos, rs, st);
+    else
+      take_tile<kD, kSoftcap, true>(p, s, b, kv0, pos, rs, st);
   }
 
   // The rows' totals (the sink joins the denominator), then O / total in the output type.
@@ -343,7 +410,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_kernel(const __grid_const
   extern __shared__ __align__(128) char smem[];
   Block b{};
   b.tid = int(threadIdx.x), b.warp = b.tid / 32, b.lane = b.tid % 32;
-  b.tile = blockIdx.x, b.kv_head = blockIdx.y, b.seq = blockIdx.z;
+  // The tiles of a (sequence, kv head) in reverse: the last query tokens see the most
+  // kv tokens, so the longest blocks start first and the short ones fill the tail.
+  b.tile = int64_t(gridDim.x) - 1 - blockIdx.x, b.kv_head = blockIdx.y, b.seq = blockIdx.z;
   prefill_device<kD, kType, kSoftcap>(p, smem, b);
 #else
   __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
