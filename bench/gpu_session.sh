@@ -8,7 +8,7 @@
 # nlohmann headers travel in .carry/ (bench/README.md says how to make it).
 # Options (environment): NVFP4KV_BEFORE=DIR (an older source tree to benchmark
 # beside this one), NVFP4KV_DECODE=full|quick|0, NVFP4KV_NCU=1 (Nsight Compute on
-# one decode launch; =source: per-instruction counts too), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_PREFILL=quick|full (bench/prefill_vs_sdpa.py; off by default), NVFP4KV_SHORT=1 (short-query cells: mixed_attention at q length 1, 2, 4 beside prefill's route; off by default), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_SANITIZE=0, NVFP4KV_CPU_TESTS=0, NVFP4KV_BENCH=0, NVFP4KV_SKIP_BUILD=1 (use build/gpu as it is)
+# one decode launch; =source: per-instruction counts too; =prefill: the prefill kernel's), NVFP4KV_DECODE_VARIANTS="a.patch b.patch" (bench/decode_variants.sh), NVFP4KV_PREFILL=quick|full (bench/prefill_vs_sdpa.py; off by default), NVFP4KV_SHORT=1 (short-query cells: mixed_attention at q length 1, 2, 4 beside prefill's route; off by default), NVFP4KV_TESTS=0 (skip tests and sanitizers), NVFP4KV_SANITIZE=0, NVFP4KV_CPU_TESTS=0, NVFP4KV_BENCH=0, NVFP4KV_SKIP_BUILD=1 (use build/gpu as it is)
 # (skip the store/gather benchmark).
 set -uo pipefail
 OUT=${OUT:-/tmp/nvfp4kv-out}
@@ -133,6 +133,18 @@ if [ "${NVFP4KV_NCU:-0}" = source ]; then
   ncu -i "$OUT/decode_prof.ncu-rep" --page source --csv --print-source sass > "$TABLES/decode_sass.csv" 2>"$OUT/ncu_source.err"
   grep -E "Duration|Issue Slots Busy|Executed Ipc A|Achieved Occupancy|Warp Cycles Per Issued|Stall|Executed Instructions " "$OUT/ncu_details.log" | head -40
   wc -l "$TABLES/decode_sass.csv"; head -c 600 "$OUT/ncu_source.err"
+fi
+if [ "${NVFP4KV_NCU:-0}" = prefill ]; then
+  # The prefill kernel's stall samples per SASS instruction (source page), and its
+  # roles' shares: where a tile's time goes between the producers and the consumers.
+  step "ncu source counters: prefill, 1 x 8192, 32/8 heads, D 128"
+  timeout 240 ncu --clock-control none -k regex:prefill_kernel -s 3 -c 1 --section SpeedOfLight --section Occupancy \
+    --section WarpStateStats --section SourceCounters --section InstructionStats --section ComputeWorkloadAnalysis \
+    -o "$OUT/prefill_prof" build/gpu/nvfp4kv bench prefill --batch 1 --prompt 8192 > "$OUT/ncu_prefill.log" 2>&1
+  ncu -i "$OUT/prefill_prof.ncu-rep" --page details > "$OUT/ncu_prefill_details.log" 2>&1
+  ncu -i "$OUT/prefill_prof.ncu-rep" --page source --csv --print-source sass > "$TABLES/prefill_sass.csv" 2>"$OUT/ncu_source.err"
+  grep -E "Duration|Issue Slots Busy|Executed Ipc A|Achieved Occupancy|Warp Cycles Per Issued|Stall|Executed Instructions |Registers|Pipe" "$OUT/ncu_prefill_details.log" | head -40
+  wc -l "$TABLES/prefill_sass.csv"; head -c 600 "$OUT/ncu_source.err"
 fi
 if [ "${NVFP4KV_NCU:-0}" = 1 ]; then
   step "ncu: decode, batch 16 x 32768, 32/8 heads, D 128"

@@ -22,7 +22,11 @@ std::string plan_prefill_geometry(const LayoutView& layout, const PrefillArgs& a
   g.tokens_per_tile = kRows / g.group;
   g.q_tiles = std::max<int64_t>(1, (args.max_q_len + g.tokens_per_tile - 1) / g.tokens_per_tile);
   g.kv_tile = kKvTile;
-  g.smem_bytes = int(prefill_smem_bytes(g.head_dim, g.kv_tile));
+  // As many stages as fit, up to kMaxStages: the producers run that far ahead of the MMAs.
+  g.stages = kMaxStages;
+  while (g.stages > kMinStages && prefill_smem_bytes(g.head_dim, g.kv_tile, g.stages) > size_t(max_smem_per_block))
+    --g.stages;
+  g.smem_bytes = int(prefill_smem_bytes(g.head_dim, g.kv_tile, g.stages));
   if (g.smem_bytes > max_smem_per_block)
     return "prefill attention needs " + std::to_string(g.smem_bytes) + " bytes of shared memory at head dim " +
            std::to_string(d.head_dim) + "; this GPU offers " + std::to_string(max_smem_per_block);

@@ -46,8 +46,12 @@ TEST(PrefillPlan, TilesCoverEveryQueryRowWithTheGroupSharingEachTile) {
         EXPECT_GT((g.tokens_per_tile + 1) * group, kRows);  // no room for one more token
         EXPECT_GE(g.q_tiles * g.tokens_per_tile, q_len);
         EXPECT_LT((g.q_tiles - 1) * g.tokens_per_tile, std::max<int64_t>(q_len, 1));  // no empty tile
-        EXPECT_EQ(g.smem_bytes, int(prefill_smem_bytes(g.head_dim, g.kv_tile)));
+        EXPECT_EQ(g.smem_bytes, int(prefill_smem_bytes(g.head_dim, g.kv_tile, g.stages)));
         EXPECT_LE(g.smem_bytes, kH200Smem);
+        EXPECT_GE(g.stages, kMinStages);
+        EXPECT_LE(g.stages, kMaxStages);
+        if (g.stages < kMaxStages)  // as many stages as fit
+          EXPECT_GT(prefill_smem_bytes(g.head_dim, g.kv_tile, g.stages + 1), size_t(kH200Smem));
       }
 }
 
@@ -61,8 +65,14 @@ TEST(PrefillPlan, RefusesWhatTheKernelCannotRun) {
   EXPECT_NE(why.find("at most 16"), std::string::npos) << why;
   plan(256, 1, 8, 10, &why, 48 * 1024);
   EXPECT_NE(why.find("shared memory"), std::string::npos) << why;
-  plan(64, 1, 8, 10, &why, 48 * 1024);  // D 64 fits the default 48 KB
+  // D 64 with the fewest stages fits 64 KB; with less room than that it is refused by name.
+  PrefillGeometry g = plan(64, 1, 8, 10, &why, 64 * 1024);
   EXPECT_EQ(why, "");
+  EXPECT_EQ(g.stages, 2);
+  plan(64, 1, 8, 10, &why, 48 * 1024);
+  EXPECT_NE(why.find("shared memory"), std::string::npos) << why;
+  g = plan(64, 1, 8, 10, &why);
+  EXPECT_EQ(g.stages, kMaxStages);
 }
 
 TEST(PrefillPlan, MixedBatchesSplitIntoRunsOfOneRoute) {

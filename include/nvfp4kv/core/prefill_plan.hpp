@@ -16,10 +16,13 @@ namespace nvfp4kv {
 
 // The prefill kernel's fixed shape.
 namespace prefill_limits {
-constexpr int kWarps = 8;              // each warp owns 16 query rows
-constexpr int kRows = 16 * kWarps;     // query rows of a block: (token, head of the GQA group) pairs
-constexpr int kKvTile = 64;            // kv tokens dequantized and consumed per step
+constexpr int kConsumerWarps = 8;      // each consumer warp owns 16 query rows
+constexpr int kProducerWarps = 8;      // two warpgroups dequantize kv tiles into the stage ring
+constexpr int kWarps = kConsumerWarps + kProducerWarps;
+constexpr int kRows = 16 * kConsumerWarps;  // query rows of a block: (token, head of the GQA group) pairs
+constexpr int kKvTile = 64;            // kv tokens dequantized and consumed per stage
 constexpr int kPad = 8;                // FP16 elements after each shared-memory row (bank spread)
+constexpr int kMinStages = 2, kMaxStages = 4;  // stages in the ring: as many as fit, up to kMaxStages
 }  // namespace prefill_limits
 
 struct PrefillGeometry {
@@ -27,16 +30,19 @@ struct PrefillGeometry {
   int group = 1;            // query heads per kv head
   int tokens_per_tile = 0;  // query tokens of one block; its rows are tokens_per_tile * group <= kRows
   int64_t q_tiles = 0;      // blocks per (sequence, kv head): enough for max_q_len, at least one
-  int kv_tile = 0;          // kv tokens per step
+  int kv_tile = 0;          // kv tokens per stage
+  int stages = 0;           // stages in the ring of dequantized kv tiles
   int smem_bytes = 0;       // dynamic shared memory of one block
 };
 
 // A block's shared memory, in the order the kernel carves it (each part a
-// multiple of 16 bytes): Q (kRows, D + kPad) FP16, K and V (kv_tile, D + kPad)
-// FP16 each, the rows' logit multipliers (kRows) float, and 16 bytes of flags.
-NVFP4KV_HD constexpr size_t prefill_smem_bytes(int head_dim, int kv_tile) {
+// multiple of 16 bytes): Q (kRows, D + kPad) FP16; per stage K and V (kv_tile,
+// D + kPad) FP16 each; the rows' logit multipliers (kRows) float; 16 bytes of
+// flags; a full and an empty barrier (8 bytes each) per stage.
+NVFP4KV_HD constexpr size_t prefill_smem_bytes(int head_dim, int kv_tile, int stages) {
   using namespace prefill_limits;
-  return size_t(kRows) * (head_dim + kPad) * 2 + 2 * size_t(kv_tile) * (head_dim + kPad) * 2 + size_t(kRows) * 4 + 16;
+  return size_t(kRows) * (head_dim + kPad) * 2 + size_t(stages) * 2 * size_t(kv_tile) * (head_dim + kPad) * 2 +
+         size_t(kRows) * 4 + 16 + size_t(stages) * 16;
 }
 
 // Fills *out from the layout and the call's shape (args: q_heads, max_q_len).

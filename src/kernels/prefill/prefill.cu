@@ -1,20 +1,21 @@
-// Paged prefill / extend attention over the NVFP4 cache (mma.sync, FlashAttention-2's shape).
+// Paged prefill / extend attention over the NVFP4 cache (mma.sync, warp-specialized).
 //
 // A thread block owns (query tile, kv head, sequence): tokens_per_tile new tokens
 // of one sequence times the query heads of one GQA group, as up to 128 rows (row r:
 // token r / group, head r % group), so each dequantized K/V element serves every
-// head of the group and 128 rows. Eight warps own 16 rows each. The block walks the
-// kv tokens its rows attend to in tiles of 64, software-pipelined:
-//  - each thread holds its share of the next tile's raw bytes in registers (data
-//    words and block scales of (token, 16-element group) items, read through the
-//    validated layout's tile map, so any layout the validator accepts is read), loaded
-//    while the current tile is computed; the block-table entries one tile further ahead;
-//  - at the top of a tile the threads dequantize their registers into shared memory,
-//    K and V both as (token, D) FP16, e2m1 * 2^-14 * block scale (exact; the shared
-//    attention/dequant.cuh placement); tokens outside the rows' range are zeros;
-//  - each warp computes S = Q K^T (m16n8k16: M = its 16 rows, N = 8 tokens, K = 16
-//    columns of D; Q and K fragments by ldmatrix), masks (causal, window) only on
-//    tiles that need it, runs the online softmax in base 2 and accumulates O += P V
+// head of the group and 128 rows. It walks the kv tokens its rows attend to in
+// tiles of 64 through a ring of stages in shared memory, with two roles that meet
+// only on a full and an empty barrier per stage:
+//  - two producer warpgroups dequantize each tile into a stage: each thread holds its
+//    share of the next tile's raw bytes in registers (data words and block scales of
+//    (token, 16-element group) items, read through the validated layout's tile map, so
+//    any layout the validator accepts is read; the block-table entries one tile further
+//    ahead), and writes K and V as (token, D) FP16 rows, e2m1 * 2^-14 * block scale
+//    (exact; the shared attention/dequant.cuh placement); tokens outside the rows'
+//    range are zeros;
+//  - 8 consumer warps own 16 rows each: S = Q K^T (m16n8k16: M = the warp's 16 rows,
+//    N = 8 tokens, K = 16 columns of D; Q and K fragments by ldmatrix), masks (causal,
+//    window) only on tiles that need it, the online softmax in base 2, and O += P V
 //    with P straight from the S accumulators as A fragments and V's by ldmatrix.trans.
 // Global scales, the query's power-of-two prescale and the placement's 2^-14 fold
 // into one logit multiplier per row and one output multiplier.
@@ -37,8 +38,11 @@ namespace nvfp4kv::kernels {
 namespace prefill {
 
 using namespace attention;
-using prefill_limits::kKvTile, prefill_limits::kPad, prefill_limits::kRows, prefill_limits::kWarps;
+using prefill_limits::kKvTile, prefill_limits::kPad, prefill_limits::kRows, prefill_limits::kWarps,
+    prefill_limits::kConsumerWarps;
 constexpr int kThreads = kWarps * 32;
+constexpr int kConsumerThreads = kConsumerWarps * 32;  // warps 0-7; the producers are warps 8-15
+constexpr int kProducerThreads = kThreads - kConsumerThreads;
 using Format = Nvfp4Fp16;
 
 // The block's shared memory, carved in prefill_smem_bytes' order.
@@ -46,17 +50,21 @@ template <int kD>
 struct Smem {
   static constexpr int kStride = kD + kPad;  // halves between rows of Q, K and V (ldmatrix rows on distinct banks)
   __half* q;          // (kRows, kStride) the rows' queries, prescaled
-  __half* k;          // (kKvTile, kStride)
-  __half* v;          // (kKvTile, kStride)
+  __half* ring;       // per stage: K then V, (kKvTile, kStride) each
   float* row_scale;   // (kRows) logit multiplier per row (base 2)
   int* flags;         // [0]: a bad page among the sequence's tokens
-  __device__ static Smem carve(char* base) {
+  uint64_t* full;     // per stage: the producers' stores are in it
+  uint64_t* empty;    // per stage: the consumers are done with it
+  __device__ __half* k(int slot) const { return ring + size_t(slot) * 2 * kKvTile * kStride; }
+  __device__ __half* v(int slot) const { return k(slot) + kKvTile * kStride; }
+  __device__ static Smem carve(char* base, int stages) {
     Smem s;
     s.q = reinterpret_cast<__half*>(base);
-    s.k = s.q + kRows * kStride;
-    s.v = s.k + kKvTile * kStride;
-    s.row_scale = reinterpret_cast<float*>(s.v + kKvTile * kStride);
+    s.ring = s.q + kRows * kStride;
+    s.row_scale = reinterpret_cast<float*>(s.ring + size_t(stages) * 2 * kKvTile * kStride);
     s.flags = reinterpret_cast<int*>(s.row_scale + kRows);
+    s.full = reinterpret_cast<uint64_t*>(s.flags + 4);
+    s.empty = s.full + stages;
     return s;
   }
 };
@@ -71,14 +79,15 @@ struct Block {
   int rows;                     // tokens * group
 };
 
-// One thread's share of a kv tile: the (token, 16-element group) items of both
-// sides for kTokens tokens (token j0 + k * kTokenStep, group tid % kGroups), as raw
-// bytes in registers until the tile is dequantized, and the page of each token.
+// One producer thread's share of a kv tile: the (token, 16-element group) items of
+// both sides for kTokens tokens (token pt / kGroups + k * kTokenStep, group pt %
+// kGroups, pt the thread's index among the producers), as raw bytes in registers
+// until the tile is dequantized.
 template <int kD>
 struct TileShare {
   static constexpr int kGroups = kD / 16;
-  static constexpr int kTokenStep = kThreads / kGroups;        // 64, 32, 16 at D 64, 128, 256
-  static constexpr int kTokens = kKvTile / kTokenStep;         // 1, 2, 4
+  static constexpr int kTokenStep = kProducerThreads / kGroups;  // 32, 16, 8 at D 64, 128, 256
+  static constexpr int kTokens = kKvTile / kTokenStep;           // 2, 4, 8
   uint32_t w[2][kTokens][2];  // (side, token): the group's two data words, standard code order
   uint32_t scale[2][kTokens]; // (side, token): its E4M3 block scale (0 for a token that does not count)
 };
@@ -90,14 +99,14 @@ struct TilePages {
   int32_t page[TileShare<kD>::kTokens], token[TileShare<kD>::kTokens];
 };
 template <int kD>
-__device__ __forceinline__ TilePages<kD> tile_pages(const PrefillParams& p, const Block& b, int64_t kv0, int64_t lo,
-                                                    int64_t hi) {
+__device__ __forceinline__ TilePages<kD> tile_pages(const PrefillParams& p, const Block& b, int pt, int64_t kv0,
+                                                    int64_t lo, int64_t hi) {
   using T = TileShare<kD>;
   const int64_t n = p.layout.dims().tokens_per_page;
   TilePages<kD> tp;
 #pragma unroll
   for (int k = 0; k < T::kTokens; ++k) {
-    const int64_t t = kv0 + b.tid / T::kGroups + k * T::kTokenStep;
+    const int64_t t = kv0 + pt / T::kGroups + k * T::kTokenStep;
     // 32-bit division where the position allows it (tokens per page are below 2^31).
     const int64_t e = t <= INT32_MAX ? int64_t(uint32_t(t) / uint32_t(n)) : t / n;
     tp.token[k] = int32_t(t - e * n);
@@ -106,51 +115,86 @@ __device__ __forceinline__ TilePages<kD> tile_pages(const PrefillParams& p, cons
   return tp;
 }
 
+// The bytes of one producer thread's column on (page 0, token 0) of the call's layer
+// and kv head: its group's first data byte and its block scale, per side. A tile adds
+// only the page and token terms (region_offset is affine in the page and the sum of the
+// token's and the column's modes).
+struct ColumnBase {
+  const uint8_t* data[2];
+  const uint8_t* scale[2];
+};
+__device__ __forceinline__ ColumnBase column_base(const PrefillParams& p, const Block& b, int g) {
+  ColumnBase cb;
+  for (int side = 0; side < 2; ++side) {
+    const SideRegions reg = side_regions(side ? Side::kV : Side::kK);
+    const RegionMap& dm = p.layout.region(reg.data);
+    const RegionMap& sm = p.layout.region(reg.scale);
+    cb.data[side] = p.cache.ptr[dm.buffer] + dm.offset + p.args.layer * dm.layer + b.kv_head * dm.head + dm.column(8 * g);
+    cb.scale[side] = p.cache.ptr[sm.buffer] + sm.offset + p.args.layer * sm.layer + b.kv_head * sm.head + sm.column(g);
+  }
+  return cb;
+}
+
+// A group's two data words byte by byte, for layouts whose data rows do not allow an
+// 8-byte load of the group (out of line: rare, and it keeps the producer's loop small).
+__device__ __noinline__ uint2 gather_words(const PrefillParams& p, Region r, int64_t page, int64_t token, int g,
+                                           int64_t kv_head) {
+  const TileMap td = p.layout.tile(r, p.args.layer, page, kv_head);
+  const uint8_t* const data = p.cache.ptr[p.layout.region(r).buffer];
+  uint32_t w[2] = {0, 0};
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 4; ++i) w[h] |= uint32_t(data[td.offset(token, 8 * g + 4 * h + i)]) << (8 * i);
+  return make_uint2(w[0], w[1]);
+}
+
 // Loads this thread's raw bytes of the tile (where tile_pages put its tokens) into sh:
-// a token without a page, and the padded groups past the head dim, read as zeros.
-template <int kD>
-__device__ __forceinline__ void fetch_tile(const PrefillParams& p, const Block& b, const TilePages<kD>& tp,
-                                           TileShare<kD>& sh) {
+// a token without a page, and the padded groups past the head dim, read as zeros. kFast:
+// the layout's data rows take an 8-byte load per group and every region's token mode is a
+// plain stride (fast_path), else any mode and byte gathers where the rows need them.
+template <int kD, bool kFast>
+__device__ __forceinline__ void fetch_tile(const PrefillParams& p, const Block& b, int pt, const ColumnBase& cb,
+                                           const TilePages<kD>& tp, TileShare<kD>& sh) {
   using T = TileShare<kD>;
-  const int g = b.tid % T::kGroups;
+  const int g = pt % T::kGroups;
   const bool column = 16 * g < p.layout.dims().head_dim;
 #pragma unroll
   for (int side = 0; side < 2; ++side) {
     const SideRegions reg = side_regions(side ? Side::kV : Side::kK);
-    const uint8_t* const data = p.cache.ptr[p.layout.region(reg.data).buffer];
-    const uint8_t* const scale = p.cache.ptr[p.layout.region(reg.scale).buffer];
-    const bool wide = p.layout.vector_bytes(reg.data) >= 8 && p.layout.region(reg.data).column.is_plain() &&
-                      p.layout.region(reg.data).column.stride == 1;
+    const RegionMap& dm = p.layout.region(reg.data);
+    const RegionMap& sm = p.layout.region(reg.scale);
 #pragma unroll
     for (int k = 0; k < T::kTokens; ++k) {
       sh.w[side][k][0] = sh.w[side][k][1] = sh.scale[side][k] = 0;
       if (tp.page[k] < 0 || !column) continue;
-      const int64_t token = tp.token[k];
-      const TileMap td = p.layout.tile(reg.data, p.args.layer, tp.page[k], b.kv_head);
-      const TileMap ts = p.layout.tile(reg.scale, p.args.layer, tp.page[k], b.kv_head);
-      if (wide) {
-        const uint2 v = *reinterpret_cast<const uint2*>(data + td.offset(token, 8 * g));
-        sh.w[side][k][0] = v.x, sh.w[side][k][1] = v.y;
+      const int64_t page = tp.page[k], token = tp.token[k];
+      uint2 v;
+      if constexpr (kFast) {
+        v = *reinterpret_cast<const uint2*>(cb.data[side] + page * dm.page + token * dm.token.stride);
+        sh.scale[side][k] = cb.scale[side][page * sm.page + token * sm.token.stride];
       } else {
-        for (int h = 0; h < 2; ++h)
-          for (int i = 0; i < 4; ++i) sh.w[side][k][h] |= uint32_t(data[td.offset(token, 8 * g + 4 * h + i)]) << (8 * i);
+        if (p.layout.vector_bytes(reg.data) >= 8 && dm.column.is_plain() && dm.column.stride == 1)
+          v = *reinterpret_cast<const uint2*>(cb.data[side] + page * dm.page + dm.token(token));
+        else
+          v = gather_words(p, reg.data, page, token, g, b.kv_head);
+        sh.scale[side][k] = cb.scale[side][page * sm.page + sm.token(token)];
       }
-      sh.scale[side][k] = scale[ts.offset(token, g)];
+      sh.w[side][k][0] = v.x, sh.w[side][k][1] = v.y;
     }
   }
 }
 
-// Dequantizes this thread's share into the K and V tiles: each item 16 FP16 values
-// e2m1 * 2^-14 * block scale in element order (zeros for an item read as zeros).
-template <int kD>
-__device__ __forceinline__ void store_tile(const PrefillParams& p, const Smem<kD>& s, const Block& b,
+// Dequantizes this thread's share into stage `slot`'s K and V tiles: each item 16
+// FP16 values e2m1 * 2^-14 * block scale in element order (zeros for an item read as zeros).
+// kFast: the layout keeps the standard code order (fast_path).
+template <int kD, bool kFast>
+__device__ __forceinline__ void store_tile(const PrefillParams& p, const Smem<kD>& s, int pt, int slot,
                                            const TileShare<kD>& sh) {
   using T = TileShare<kD>;
-  const int g = b.tid % T::kGroups;
+  const int g = pt % T::kGroups;
   // A layout whose data bytes keep their codes in another order: back to the standard
   // order first (a bit move per byte; this dequantization is amortized over 128 rows).
   const CodeOrder& codes = p.layout.codes();
-  const bool reorder = !codes.is_standard();
+  const bool reorder = !kFast && !codes.is_standard();
 #pragma unroll
   for (int side = 0; side < 2; ++side)
 #pragma unroll
@@ -167,8 +211,8 @@ __device__ __forceinline__ void store_tile(const PrefillParams& p, const Smem<kD
         out[4 * h + 2] = hmul2(__byte_perm(r[0], r[1], 0x7632), sf);  // 4, 5
         out[4 * h + 3] = hmul2(__byte_perm(r[2], r[3], 0x7632), sf);  // 6, 7
       }
-      const int j = b.tid / T::kGroups + k * T::kTokenStep;
-      uint4* to = reinterpret_cast<uint4*>((side ? s.v : s.k) + j * Smem<kD>::kStride + 16 * g);
+      const int j = pt / T::kGroups + k * T::kTokenStep;
+      uint4* to = reinterpret_cast<uint4*>((side ? s.v(slot) : s.k(slot)) + j * Smem<kD>::kStride + 16 * g);
       to[0] = make_uint4(out[0], out[1], out[2], out[3]);
       to[1] = make_uint4(out[4], out[5], out[6], out[7]);
     }
@@ -180,7 +224,7 @@ __device__ void load_query(const PrefillParams& p, const Smem<kD>& s, const Bloc
   const PrefillArgs& a = p.args;
   const int64_t dim = p.layout.dims().head_dim, group = p.geometry.group;
   const int64_t stride = a.q_token_stride ? a.q_token_stride : a.q_heads * dim;
-  for (int r = b.warp; r < kRows; r += kWarps) {
+  for (int r = b.warp; r < kRows; r += kConsumerWarps) {
     const int64_t token = b.row0 + b.i0 + r / group, head = b.kv_head * group + r % group;
     const uint16_t* const row = r < b.rows ? static_cast<const uint16_t*>(a.q) + token * stride + head * dim : nullptr;
     const float scale = prescale_query_row<kD, kType, Format>(row, dim, b.lane, s.q + r * Smem<kD>::kStride,
@@ -199,7 +243,7 @@ struct WarpState {
 // The tile at kv0 for this warp's rows. kMask: some token of the tile is outside some
 // row's [window start, position] (else every logit counts, and none is compared).
 template <int kD, bool kSoftcap, bool kMask>
-__device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, const Block& b, int64_t kv0,
+__device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, int slot, const Block& b, int64_t kv0,
                           const int64_t (&pos)[2], const float (&rs)[2], WarpState<kD>& st) {
   constexpr int kStride = Smem<kD>::kStride;
   const int c = b.lane & 3;
@@ -211,7 +255,7 @@ __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, const Block
   // Q's matrices: rows 0-7 / 8-15 (mi & 1) by columns 0-7 / 8-15 (mi >> 1) of the k-step;
   // K's: tokens 8 (2 np + (mi >> 1)) + l8 by columns 0-7 / 8-15 (mi & 1).
   const __half* const qrow = s.q + (16 * b.warp + 8 * (mi & 1) + l8) * kStride + 8 * (mi >> 1);
-  const __half* const krow = s.k + (8 * (mi >> 1) + l8) * kStride + 8 * (mi & 1);
+  const __half* const krow = s.k(slot) + (8 * (mi >> 1) + l8) * kStride + 8 * (mi & 1);
 #pragma unroll
   for (int ks = 0; ks < kD / 16; ++ks) {
     uint32_t a[4];
@@ -267,7 +311,7 @@ __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, const Block
   }
   // O += P V: P's A fragments are the S accumulators of n-tiles 2kk and 2kk + 1; V's
   // matrices (transposed): tokens 0-7 / 8-15 (mi & 1) by columns 8 (2 dp + (mi >> 1)).
-  const __half* const vrow = s.v + (8 * (mi & 1) + l8) * kStride + 8 * (mi >> 1);
+  const __half* const vrow = s.v(slot) + (8 * (mi & 1) + l8) * kStride + 8 * (mi >> 1);
 #pragma unroll
   for (int kk = 0; kk < kKvTile / 16; ++kk) {
     const uint32_t a0 = pack_half2(acc[2 * kk][0], acc[2 * kk][1]), a1 = pack_half2(acc[2 * kk][2], acc[2 * kk][3]);
@@ -283,12 +327,49 @@ __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, const Block
   }
 }
 
+// Whether the producers may take the fast loop: both sides' data rows allow an 8-byte load
+// of a group at a column stride of 1, every region's token mode is a plain stride, and the
+// data bytes keep the standard code order.
+__device__ __forceinline__ bool fast_path(const LayoutView& layout) {
+  for (Region r : {Region::kKData, Region::kVData})
+    if (layout.vector_bytes(r) < 8 || !layout.region(r).column.is_plain() || layout.region(r).column.stride != 1)
+      return false;
+  for (int r = 0; r < kRegionCount; ++r)
+    if (!layout.region(Region(r)).token.is_plain()) return false;
+  return layout.codes().is_standard();
+}
+
+// The producers' loop: tile j into stage j % stages once the consumers released its
+// previous tile; the next tile's bytes load while this one is stored.
+template <int kD, bool kFast>
+__device__ void produce(const PrefillParams& p, const Smem<kD>& s, const Block& b, int64_t lo, int64_t hi, int tiles) {
+  const int stages = p.geometry.stages;
+  const int pt = b.tid - kConsumerThreads;
+  const ColumnBase cb = column_base(p, b, pt % TileShare<kD>::kGroups);
+  TileShare<kD> share;
+  fetch_tile<kD, kFast>(p, b, pt, cb, tile_pages<kD>(p, b, pt, lo, lo, hi), share);
+  TilePages<kD> pages = tile_pages<kD>(p, b, pt, lo + kKvTile, lo, hi);
+  // The consumers' barrier in prefill_device, from this branch (the non-aligned form):
+  // the ring's barriers are initialized.
+  sync_threads(0, kThreads);
+  for (int j = 0, slot = 0; j < tiles; ++j) {
+    if (j >= stages) barrier_wait_bounded(&s.empty[slot], ((j / stages) - 1) & 1);
+    store_tile<kD, kFast>(p, s, pt, slot, share);
+    barrier_arrive(&s.full[slot]);
+    if (j + 1 < tiles) {
+      fetch_tile<kD, kFast>(p, b, pt, cb, pages, share);
+      pages = tile_pages<kD>(p, b, pt, lo + int64_t(j + 2) * kKvTile, lo, hi);
+    }
+    if (++slot == stages) slot = 0;
+  }
+}
+
 template <int kD, ElementType kType, bool kSoftcap>
 __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) {
   const PrefillArgs& a = p.args;
   const CacheDims& d = p.layout.dims();
   const int64_t n = d.tokens_per_page, group = p.geometry.group, dim = d.head_dim;
-  const Smem<kD> s = Smem<kD>::carve(smem_raw);
+  const Smem<kD> s = Smem<kD>::carve(smem_raw, p.geometry.stages);
   const SequenceLength len = sequence_length(a.batch, b.seq, n);
   b.q_len = a.raw_q_length(b.seq);
   b.kv_len = len.tokens;
@@ -338,12 +419,27 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
 
   const int64_t first_pos = b.kv_len - b.q_len + b.i0, last_pos = first_pos + b.tokens - 1;
   const int64_t lo = window_start(first_pos, a.window), hi = last_pos + 1;
-  // The first tile's bytes start on their way before the query is prepared.
-  TileShare<kD> share;
-  fetch_tile<kD>(p, b, tile_pages<kD>(p, b, lo, lo, hi), share);
-  TilePages<kD> pages = tile_pages<kD>(p, b, lo + kKvTile, lo, hi);
+  const int stages = p.geometry.stages;
+  const int tiles = int((hi - lo + kKvTile - 1) / kKvTile);
+  if (b.tid == 0) {
+    for (int i = 0; i < stages; ++i) barrier_init(&s.full[i], kProducerThreads), barrier_init(&s.empty[i], kConsumerThreads);
+    barrier_init_fence();
+  }
+  if (b.warp >= kConsumerWarps) {
+    // The producers (produce, above). Registers move to the consumers (their O and S accumulators): 64 per producer
+    // thread, 192 per consumer thread, within the block's 512 x 128 (ptxas allocates
+    // each side's code for its count).
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n");
+    // The producers' loop for the common layouts holds only their path: 8-byte group
+    // loads, plain token strides, the standard code order (run 51's profile: instruction
+    // fetch stalls in a loop that held every path); the general loop takes any layout.
+    if (fast_path(p.layout)) produce<kD, true>(p, s, b, lo, hi, tiles);
+    else produce<kD, false>(p, s, b, lo, hi, tiles);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n");
   load_query<kD, kType>(p, s, b, kgs);
-  __syncthreads();
+  sync_threads(0, kThreads);  // every row's query and multiplier in place; the ring's barriers initialized
 
   // This lane's rows: 16 warp + g and + 8; a row's query position and multiplier.
   const int g = b.lane >> 2, c = b.lane & 3;
@@ -366,19 +462,19 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   for (int dn = 0; dn < kD / 8; ++dn) st.o[dn][0] = st.o[dn][1] = st.o[dn][2] = st.o[dn][3] = 0.0f;
   st.m[0] = st.m[1] = kNegInf;
   st.l[0] = st.l[1] = 0.0f;
-  for (int64_t kv0 = lo; kv0 < hi; kv0 += kKvTile) {
-    __syncthreads();  // the previous tile is consumed
-    store_tile<kD>(p, s, b, share);
-    __syncthreads();
-    if (kv0 + kKvTile < hi) {  // the next tile's bytes load while this one is computed
-      fetch_tile<kD>(p, b, pages, share);
-      pages = tile_pages<kD>(p, b, kv0 + 2 * kKvTile, lo, hi);
+  // Every consumer waits for every stage in order and releases it, also a warp that
+  // skips it (an early release would count toward the slot's previous fill).
+  for (int j = 0, slot = 0; j < tiles; ++j) {
+    barrier_wait(&s.full[slot], (j / stages) & 1);
+    const int64_t kv0 = lo + int64_t(j) * kKvTile;
+    if (warp_live && kv0 <= warp_last_pos) {
+      if (kv0 >= unmasked_from && kv0 + kKvTile - 1 <= warp_first_pos)
+        take_tile<kD, kSoftcap, false>(p, s, slot, b, kv0, pos, rs, st);
+      else
+        take_tile<kD, kSoftcap, true>(p, s, slot, b, kv0, pos, rs, st);
     }
-    if (!warp_live || kv0 > warp_last_pos) continue;
-    if (kv0 >= unmasked_from && kv0 + kKvTile - 1 <= warp_first_pos)
-      take_tile<kD, kSoftcap, false>(p, s, b, kv0, pos, rs, st);
-    else
-      take_tile<kD, kSoftcap, true>(p, s, b, kv0, pos, rs, st);
+    barrier_arrive(&s.empty[slot]);
+    if (++slot == stages) slot = 0;
   }
 
   // The rows' totals (the sink joins the denominator), then O / total in the output type.
