@@ -100,15 +100,16 @@ struct TilePages {
 };
 template <int kD>
 __device__ __forceinline__ TilePages<kD> tile_pages(const PrefillParams& p, const Block& b, int pt, int64_t kv0,
-                                                    int64_t lo, int64_t hi) {
+                                                    int64_t lo, int64_t hi, int page_shift) {
   using T = TileShare<kD>;
   const int64_t n = p.layout.dims().tokens_per_page;
   TilePages<kD> tp;
 #pragma unroll
   for (int k = 0; k < T::kTokens; ++k) {
     const int64_t t = kv0 + pt / T::kGroups + k * T::kTokenStep;
+    // A shift where the page holds a power of two of tokens (page_shift >= 0), else a
     // 32-bit division where the position allows it (tokens per page are below 2^31).
-    const int64_t e = t <= INT32_MAX ? int64_t(uint32_t(t) / uint32_t(n)) : t / n;
+    const int64_t e = page_shift >= 0 ? t >> page_shift : t <= INT32_MAX ? int64_t(uint32_t(t) / uint32_t(n)) : t / n;
     tp.token[k] = int32_t(t - e * n);
     tp.page[k] = t >= lo && t < hi ? int32_t(page_of(p.args.batch, b.seq, e, p.layout.dims().pages)) : -1;
   }
@@ -168,9 +169,11 @@ __device__ __forceinline__ void fetch_tile(const PrefillParams& p, const Block& 
       if (tp.page[k] < 0 || !column) continue;
       const int64_t page = tp.page[k], token = tp.token[k];
       uint2 v;
-      if constexpr (kFast) {
-        v = *reinterpret_cast<const uint2*>(cb.data[side] + page * dm.page + token * dm.token.stride);
-        sh.scale[side][k] = cb.scale[side][page * sm.page + token * sm.token.stride];
+      if constexpr (kFast) {  // the page term in 64 bits (page >= 0 here), the token term in 32 (fast_path)
+        const uint64_t pg = uint32_t(tp.page[k]);
+        v = *reinterpret_cast<const uint2*>(cb.data[side] + pg * uint64_t(dm.page) +
+                                            uint32_t(tp.token[k]) * uint32_t(dm.token.stride));
+        sh.scale[side][k] = cb.scale[side][pg * uint64_t(sm.page) + uint32_t(tp.token[k]) * uint32_t(sm.token.stride)];
       } else {
         if (p.layout.vector_bytes(reg.data) >= 8 && dm.column.is_plain() && dm.column.stride == 1)
           v = *reinterpret_cast<const uint2*>(cb.data[side] + page * dm.page + dm.token(token));
@@ -328,16 +331,27 @@ __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, int slot, c
 }
 
 // Whether the producers may take the fast loop: both sides' data rows allow an 8-byte load
-// of a group at a column stride of 1, every region's token mode is a plain stride, and the
-// data bytes keep the standard code order.
+// of a group at a column stride of 1, every region's token mode is a plain stride whose
+// largest term fits 31 bits, and the data bytes keep the standard code order.
 __device__ __forceinline__ bool fast_path(const LayoutView& layout) {
   for (Region r : {Region::kKData, Region::kVData})
     if (layout.vector_bytes(r) < 8 || !layout.region(r).column.is_plain() || layout.region(r).column.stride != 1)
       return false;
-  for (int r = 0; r < kRegionCount; ++r)
-    if (!layout.region(Region(r)).token.is_plain()) return false;
+  for (int r = 0; r < kRegionCount; ++r) {
+    const Mode& token = layout.region(Region(r)).token;
+    // A plain stride whose terms over the page fit 31 bits (the fast loop adds them in 32).
+    if (!token.is_plain() || token.stride > INT32_MAX / layout.dims().tokens_per_page) return false;
+  }
   return layout.codes().is_standard();
 }
+
+// Registers per thread after setmaxnreg (multiples of 8; the block's 512 x 128 in all):
+// the consumers hold O (D / 2 floats a thread) and S (32), so D 256 takes 8 more from the producers.
+template <int kD>
+constexpr int kConsumerRegs = kD == 256 ? 200 : 192;
+template <int kD>
+constexpr int kProducerRegs = (kThreads * 128 - kConsumerThreads * kConsumerRegs<kD>) / kProducerThreads;
+static_assert(kProducerRegs<256> == 56 && kProducerRegs<128> == 64);
 
 // The producers' loop: tile j into stage j % stages once the consumers released its
 // previous tile; the next tile's bytes load while this one is stored.
@@ -345,22 +359,30 @@ template <int kD, bool kFast>
 __device__ void produce(const PrefillParams& p, const Smem<kD>& s, const Block& b, int64_t lo, int64_t hi, int tiles) {
   const int stages = p.geometry.stages;
   const int pt = b.tid - kConsumerThreads;
+  const int64_t n = p.layout.dims().tokens_per_page;
+  const int page_shift = (n & (n - 1)) == 0 ? __ffsll(n) - 1 : -1;
   const ColumnBase cb = column_base(p, b, pt % TileShare<kD>::kGroups);
   TileShare<kD> share;
-  fetch_tile<kD, kFast>(p, b, pt, cb, tile_pages<kD>(p, b, pt, lo, lo, hi), share);
-  TilePages<kD> pages = tile_pages<kD>(p, b, pt, lo + kKvTile, lo, hi);
+  fetch_tile<kD, kFast>(p, b, pt, cb, tile_pages<kD>(p, b, pt, lo, lo, hi, page_shift), share);
+  TilePages<kD> pages = tile_pages<kD>(p, b, pt, lo + kKvTile, lo, hi, page_shift);
   // The consumers' barrier in prefill_device, from this branch (the non-aligned form):
   // the ring's barriers are initialized.
   sync_threads(0, kThreads);
-  for (int j = 0, slot = 0; j < tiles; ++j) {
-    if (j >= stages) barrier_wait_bounded(&s.empty[slot], ((j / stages) - 1) & 1);
+  // Stage j goes to slot j % stages; from the second round on, it waits for the
+  // consumers' release of the slot's previous tile (the empty barrier's phase, flipping
+  // each round).
+  for (int j = 0, slot = 0, phase = 0; j < tiles; ++j) {
+    if (j >= stages) barrier_wait_bounded(&s.empty[slot], phase);
     store_tile<kD, kFast>(p, s, pt, slot, share);
     barrier_arrive(&s.full[slot]);
     if (j + 1 < tiles) {
       fetch_tile<kD, kFast>(p, b, pt, cb, pages, share);
-      pages = tile_pages<kD>(p, b, pt, lo + int64_t(j + 2) * kKvTile, lo, hi);
+      pages = tile_pages<kD>(p, b, pt, lo + int64_t(j + 2) * kKvTile, lo, hi, page_shift);
     }
-    if (++slot == stages) slot = 0;
+    if (++slot == stages) {
+      slot = 0;
+      if (j >= stages) phase ^= 1;  // a round of waits done (the first round waits for nothing)
+    }
   }
 }
 
@@ -426,10 +448,9 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
     barrier_init_fence();
   }
   if (b.warp >= kConsumerWarps) {
-    // The producers (produce, above). Registers move to the consumers (their O and S accumulators): 64 per producer
-    // thread, 192 per consumer thread, within the block's 512 x 128 (ptxas allocates
-    // each side's code for its count).
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n");
+    // The producers (produce, above). Registers move to the consumers (their O and S
+    // accumulators: kConsumerRegs; ptxas allocates each side's code for its count).
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs<kD>));
     // The producers' loop for the common layouts holds only their path: 8-byte group
     // loads, plain token strides, the standard code order (run 51's profile: instruction
     // fetch stalls in a loop that held every path); the general loop takes any layout.
@@ -437,7 +458,7 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
     else produce<kD, false>(p, s, b, lo, hi, tiles);
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs<kD>));
   load_query<kD, kType>(p, s, b, kgs);
   sync_threads(0, kThreads);  // every row's query and multiplier in place; the ring's barriers initialized
 
@@ -464,8 +485,8 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   st.l[0] = st.l[1] = 0.0f;
   // Every consumer waits for every stage in order and releases it, also a warp that
   // skips it (an early release would count toward the slot's previous fill).
-  for (int j = 0, slot = 0; j < tiles; ++j) {
-    barrier_wait(&s.full[slot], (j / stages) & 1);
+  for (int j = 0, slot = 0, phase = 0; j < tiles; ++j) {
+    barrier_wait(&s.full[slot], phase);  // round j / stages of the slot
     const int64_t kv0 = lo + int64_t(j) * kKvTile;
     if (warp_live && kv0 <= warp_last_pos) {
       if (kv0 >= unmasked_from && kv0 + kKvTile - 1 <= warp_first_pos)
@@ -474,7 +495,7 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
         take_tile<kD, kSoftcap, true>(p, s, slot, b, kv0, pos, rs, st);
     }
     barrier_arrive(&s.empty[slot]);
-    if (++slot == stages) slot = 0;
+    if (++slot == stages) slot = 0, phase ^= 1;
   }
 
   // The rows' totals (the sink joins the denominator), then O / total in the output type.
