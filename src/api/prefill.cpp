@@ -82,6 +82,28 @@ PrefillArgs prefill_run(const MixedBatch& m, const AttentionRun& run) {
 
 }  // namespace
 
+namespace {
+
+// The split workspace of one decode or short-query run (0 for prefill runs), rounded up to
+// the 256 bytes the next run's region must start on.
+Result run_workspace_bytes(const ValidLayout& layout, const AttentionRun& run, int64_t q_heads, int64_t block_table_stride,
+                           size_t* bytes) {
+  DecodePlan plan;
+  *bytes = 0;
+  if (run.route == AttentionRoute::kDecode) {
+    if (Result r = plan_decode(layout, run.count, q_heads, block_table_stride, &plan); !r.ok()) return r;
+  } else if (run.route == AttentionRoute::kShortQuery) {
+    if (Result r = api::plan_short_query(layout, run.count, q_heads, block_table_stride, run.max_q_len, &plan); !r.ok())
+      return r;
+  } else {
+    return {};
+  }
+  *bytes = (plan.workspace_bytes + 255) / 256 * 256;
+  return {};
+}
+
+}  // namespace
+
 Result mixed_workspace_bytes(const ValidLayout& layout, const int32_t* q_lens, int64_t batch, int64_t q_heads,
                              int64_t block_table_stride, size_t* bytes) {
   const char* who = "mixed_workspace_bytes";
@@ -89,18 +111,14 @@ Result mixed_workspace_bytes(const ValidLayout& layout, const int32_t* q_lens, i
   std::vector<AttentionRun> runs;
   if (std::string p = plan_mixed_runs(q_lens, batch, q_heads / layout.layout().dims.heads, &runs); !p.empty())
     return api::invalid(who, p);
+  // Every split run its own region, in run order: one run's partials never land on
+  // another's tickets, so each ticket stays tagged from call to call (a clobbered one
+  // costs its next call the compare-and-swap path).
   *bytes = 0;
   for (const AttentionRun& run : runs) {
-    DecodePlan plan;
-    if (run.route == AttentionRoute::kDecode) {
-      if (Result r = plan_decode(layout, run.count, q_heads, block_table_stride, &plan); !r.ok()) return r;
-    } else if (run.route == AttentionRoute::kShortQuery) {
-      if (Result r = api::plan_short_query(layout, run.count, q_heads, block_table_stride, run.max_q_len, &plan); !r.ok())
-        return r;
-    } else {
-      continue;
-    }
-    *bytes = std::max(*bytes, plan.workspace_bytes);
+    size_t run_bytes = 0;
+    if (Result r = run_workspace_bytes(layout, run, q_heads, block_table_stride, &run_bytes); !r.ok()) return r;
+    *bytes += run_bytes;
   }
   return {};
 }
@@ -130,15 +148,24 @@ Result mixed_attention(const ValidLayout& layout, const CacheBuffers& buffers, c
   };
   std::vector<Prepared> prepared;
   prepared.reserve(runs.size());
+  size_t workspace_at = 0;  // each split run's region of the workspace, in run order (mixed_workspace_bytes)
   for (const AttentionRun& run : runs) {
+    size_t run_bytes = 0;
+    if (Result r = run_workspace_bytes(layout, run, q_heads, m.args.batch.block_table_stride, &run_bytes); !r.ok())
+      return r;
+    MixedBatch own = m;
+    own.workspace = m.workspace && workspace_at < m.workspace_bytes ? static_cast<char*>(m.workspace) + workspace_at : nullptr;
+    own.workspace_bytes = workspace_at < m.workspace_bytes ? m.workspace_bytes - workspace_at : 0;
+    workspace_at += run_bytes;
     Prepared& p = prepared.emplace_back(Prepared{
         run.route, kernels::DecodeParams{.layout = layout.view(), .cache = buffers, .args = {}, .geometry = {}},
         kernels::PrefillParams{.layout = layout.view(), .cache = buffers, .args = {}, .geometry = {}}});
     Result r;
     switch (run.route) {
-      case AttentionRoute::kDecode: r = api::prepare_decode(layout, buffers, decode_run(layout, m, run), &p.decode, who); break;
+      case AttentionRoute::kDecode: r = api::prepare_decode(layout, buffers, decode_run(layout, own, run), &p.decode, who); break;
       case AttentionRoute::kShortQuery:
-        r = api::prepare_short_query(layout, buffers, prefill_run(m, run), m.workspace, m.workspace_bytes, &p.decode, who);
+        r = api::prepare_short_query(layout, buffers, prefill_run(own, run), own.workspace, own.workspace_bytes, &p.decode,
+                                     who);
         break;
       case AttentionRoute::kPrefill: r = api::prepare_prefill(layout, buffers, prefill_run(m, run), &p.prefill, who); break;
     }

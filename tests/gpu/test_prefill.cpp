@@ -10,17 +10,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <sstream>
 
 #include "nvfp4kv/api/kv_cache.hpp"
 #include "nvfp4kv/api/prefill.hpp"
+#include "nvfp4kv/core/attention.hpp"
 #include "nvfp4kv/harness/decode_bench.hpp"
 #include "nvfp4kv/harness/device_buffer.hpp"
 #include "nvfp4kv/harness/workload.hpp"
 #include "nvfp4kv/reference/attention.hpp"
 #include "nvfp4kv/reference/cache.hpp"
+#include "../../src/api/attention_runs.hpp"  // api::prepare_prefill, kernels::launch_prefill: a forced stage count
 #include "attention_check.hpp"
 
 namespace nvfp4kv {
@@ -52,6 +55,8 @@ struct Case {
   bool sinks = false, lse = true, mixed = false;
   uint64_t seed = 1;
   std::string codes = "standard";  // the layout's code order (where a data byte keeps its two codes)
+  size_t* tickets_at_rest = nullptr;  // mixed: set to the workspace's 64-bit words holding a ticket at rest
+  int stages = 0;  // prefill: run with this many stages in the ring (0: as many as the planner fits)
 };
 
 struct Outcome : testing::Comparison {
@@ -145,6 +150,26 @@ Outcome run_case(const Case& k, Mutate mutate) {
     const Result r = mixed_attention(v, cache.view(), {.args = g, .q_lens = q_lens.data(), .workspace = ws.get(),
                                                        .workspace_bytes = ws.size()}, nullptr);
     EXPECT_TRUE(r.ok()) << r.message;
+    NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+    if (k.tickets_at_rest) {
+      const std::vector<uint8_t> bytes_back = ws.download();
+      *k.tickets_at_rest = 0;
+      for (size_t i = 0; i + 8 <= bytes_back.size(); i += 8) {
+        unsigned long long word = 0;
+        std::memcpy(&word, bytes_back.data() + i, 8);
+        *k.tickets_at_rest += word == kSplitTicketAtRest;
+      }
+    }
+  } else if (k.stages) {
+    // Fewer stages than this GPU fits, as a GPU with less shared memory per block plans
+    // them (down to one: the producers wait for every tile's release before the next).
+    kernels::PrefillParams p{.layout = v.view(), .cache = cache.view(), .args = g, .geometry = {}};
+    const Result r = api::prepare_prefill(v, cache.view(), g, &p);
+    EXPECT_TRUE(r.ok()) << r.message;
+    EXPECT_GE(p.geometry.stages, k.stages);
+    p.geometry.stages = k.stages;
+    p.geometry.smem_bytes = int(prefill_smem_bytes(p.geometry.head_dim, p.geometry.kv_tile, k.stages));
+    NVFP4KV_CUDA_CHECK(kernels::launch_prefill(p, nullptr));
     NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
   } else {
     const Result r = prefill_attention(v, cache.view(), g, nullptr);
@@ -241,6 +266,33 @@ TEST_F(GpuPrefill, EverySoundPresetMatchesTheReference) {
   EXPECT_GE(ran, 11);
 }
 
+// Sequences of many kv tiles (up to 19 of 64 tokens) take the producers' ring round after
+// round: on the fast loop (native) and the general one (fp16-split codes; the 4-token
+// scale interleave of a nested token mode), at D 64, 128 and 256, with the ring the H200
+// fits and with one and two stages (what a GPU with less shared memory per block plans).
+TEST_F(GpuPrefill, LongSequencesCycleTheStageRingOnEveryProducerPath) {
+  struct Path {
+    const char* preset;
+    const char* codes;
+  };
+  for (const Path& path : {Path{"nvfp4kv-native", "standard"}, Path{"nvfp4kv-native", "fp16-split"},
+                           Path{"flashinfer-trtllm-gen-nhd", "standard"}})
+    for (int64_t dim : {64, 128, 256})
+      for (int stages : {0, 1, 2}) {
+        Case k;
+        k.preset = path.preset;
+        k.codes = path.codes;
+        k.head_dim = dim;
+        k.kv_heads = 1;
+        k.group = 2;
+        k.pages = 80;
+        k.stages = stages;
+        k.seqs = {{300, 1200}, {64, 700}, {2, 1100}};  // (q, kv)
+        k.seed = uint64_t(dim + stages) + 300;
+        expect_close(k, run_case(k), cat(path.preset, " ", path.codes, " D", dim, " stages ", stages));
+      }
+}
+
 // A layout whose data bytes keep their codes in another order: the prefill kernel moves
 // each word's bits back before placing them, and matches the reference (which reads the
 // order from the same layout); at D 64 and 128, native and strided rows.
@@ -280,6 +332,21 @@ TEST_F(GpuPrefill, MixedBatchesRouteEachRunAndMatchTheReference) {
   k.softcap = 2.0f;
   k.type = ElementType::kFloat16;
   expect_close(k, run_case(k), "mixed, window, softcap, fp16");
+}
+
+// A mixed call gives each split run its own region of the workspace: after a decode run and a
+// short-query run that both split, every ticket of both is at rest (tagged, none finished), so
+// the next call takes one atomic per split. With one region for both, the short-query run's
+// partials covered the decode run's tickets (the next call paid the compare-and-swap path).
+TEST_F(GpuPrefill, MixedRunsKeepTheirTicketsApart) {
+  Case k;
+  k.mixed = true;
+  k.pages = 256;
+  k.seqs = {{1, 3000}, {1, 2900}, {1, 3100}, {4, 3000}, {4, 2950}, {4, 3050}};  // a decode run, then a short-query run
+  size_t at_rest = 0;
+  k.tickets_at_rest = &at_rest;
+  expect_close(k, run_case(k), "mixed decode + short-query runs, both split");
+  EXPECT_EQ(at_rest, size_t(6 * k.kv_heads)) << "one ticket per (sequence, kv head) of each split run";
 }
 
 // The short-query route: in a mixed batch, q lengths 2 .. 16 / group run through the

@@ -31,8 +31,9 @@ struct MixedBatch {
   size_t workspace_bytes = 0;
 };
 
-// The workspace a mixed call of this shape needs (the largest decode run's), on
-// the current device.
+// The workspace a mixed call of this shape needs, on the current device: a region for
+// each decode and short-query run that splits, in run order, so that no run's partials
+// land on another's tickets.
 Result mixed_workspace_bytes(const ValidLayout& layout, const int32_t* q_lens, int64_t batch, int64_t q_heads,
                              int64_t block_table_stride, size_t* bytes);
 

@@ -27,6 +27,11 @@ NVFP4KV_HD constexpr int attention_instance_dim(int64_t head_dim) {
 // counters (one per merge group) at *tickets_at, 16-byte aligned. A ticket finds
 // the split that finishes last, which merges; it resets itself, so the workspace
 // never needs clearing (kernels/attention/split.cuh).
+// A ticket at rest: "tagged, none finished" (kernels/attention/split.cuh counts finished
+// splits as kSplitTicketTag << 16 | count and leaves it here).
+inline constexpr unsigned long long kSplitTicketTag = 0x6E7666703462ull;  // "nvfp4b"
+inline constexpr unsigned long long kSplitTicketAtRest = kSplitTicketTag << 16;
+
 NVFP4KV_HD constexpr size_t attention_split_workspace_bytes(int64_t rows, int64_t splits, int64_t tickets,
                                                             int head_dim, size_t* tickets_at = nullptr) {
   const size_t partials = size_t(rows) * size_t(splits);

@@ -22,7 +22,7 @@ constexpr int kWarps = kConsumerWarps + kProducerWarps;
 constexpr int kRows = 16 * kConsumerWarps;  // query rows of a block: (token, head of the GQA group) pairs
 constexpr int kKvTile = 64;            // kv tokens dequantized and consumed per stage
 constexpr int kPad = 8;                // FP16 elements after each shared-memory row (bank spread)
-constexpr int kMinStages = 2, kMaxStages = 4;  // stages in the ring: as many as fit, up to kMaxStages
+constexpr int kMinStages = 1, kMaxStages = 4;  // stages in the ring: as many as fit, up to kMaxStages
 }  // namespace prefill_limits
 
 struct PrefillGeometry {

@@ -17,7 +17,7 @@ namespace nvfp4kv::kernels::attention {
 // resets itself for the next call (graph replays need no memset) and a workspace
 // fresh from cudaMalloc needs no clearing either (a stray value would have to
 // carry the 48-bit tag to be misread).
-constexpr unsigned long long kTicketTag = 0x6E7666703462ull;  // "nvfp4b"
+constexpr unsigned long long kTicketTag = kSplitTicketTag;  // core/attention.hpp
 
 struct SplitWorkspace {
   float* partial;               // (rows x splits, head_dim) O / l of each split, in the family's row order
@@ -42,7 +42,7 @@ struct SplitWorkspace {
 // through a compare-and-swap loop, whose retries under contention cost an L2 round
 // trip each (run 33: the CAS loop on every call cost batch 1 several microseconds).
 __device__ inline bool finish_split(unsigned long long* ticket, int splits) {
-  constexpr unsigned long long kReset = kTicketTag << 16;
+  constexpr unsigned long long kReset = kSplitTicketAtRest;
   unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(ticket);
   if ((seen >> 16) == kTicketTag) {
     const unsigned long long was = atomicAdd(ticket, 1ull);

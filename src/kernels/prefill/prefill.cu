@@ -86,8 +86,8 @@ struct Block {
 template <int kD>
 struct TileShare {
   static constexpr int kGroups = kD / 16;
-  static constexpr int kTokenStep = kProducerThreads / kGroups;  // 32, 16, 8 at D 64, 128, 256
-  static constexpr int kTokens = kKvTile / kTokenStep;           // 2, 4, 8
+  static constexpr int kTokenStep = kProducerThreads / kGroups;  // 64, 32, 16 at D 64, 128, 256
+  static constexpr int kTokens = kKvTile / kTokenStep;           // 1, 2, 4
   uint32_t w[2][kTokens][2];  // (side, token): the group's two data words, standard code order
   uint32_t scale[2][kTokens]; // (side, token): its E4M3 block scale (0 for a token that does not count)
 };
@@ -354,7 +354,10 @@ constexpr int kProducerRegs = (kThreads * 128 - kConsumerThreads * kConsumerRegs
 static_assert(kProducerRegs<256> == 56 && kProducerRegs<128> == 64);
 
 // The producers' loop: tile j into stage j % stages once the consumers released its
-// previous tile; the next tile's bytes load while this one is stored.
+// previous tile. The next tile's bytes are requested right after a tile is stored, so
+// they are in flight while the producers wait for the next slot. The producers leave
+// without waiting for the consumers' last releases: a consumer waits only on full
+// barriers, which complete through the producers' own arrivals, so none can be left waiting.
 template <int kD, bool kFast>
 __device__ void produce(const PrefillParams& p, const Smem<kD>& s, const Block& b, int64_t lo, int64_t hi, int tiles) {
   const int stages = p.geometry.stages;
@@ -408,7 +411,15 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   // Every block checks the block-table entries of every token the sequence's
   // queries read (a bad one poisons the whole sequence, as in the reference);
   // the (tile 0, kv head 0) block counts them.
-  if (b.tid == 0) s.flags[0] = 0;
+  // The flags, and the ring's barriers (used only once the roles split, after the block
+  // barrier that follows load_query; initialized here so that no divergent branch sits
+  // before the warp-aligned setmaxnreg).
+  if (b.tid == 0) {
+    s.flags[0] = 0;
+    for (int i = 0; i < p.geometry.stages; ++i)
+      barrier_init(&s.full[i], kProducerThreads), barrier_init(&s.empty[i], kConsumerThreads);
+    barrier_init_fence();
+  }
   __syncthreads();
   if (!poisoned) {
     const int64_t first = prefill_first_token(b.q_len, b.kv_len, a.window);
@@ -443,10 +454,6 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   const int64_t lo = window_start(first_pos, a.window), hi = last_pos + 1;
   const int stages = p.geometry.stages;
   const int tiles = int((hi - lo + kKvTile - 1) / kKvTile);
-  if (b.tid == 0) {
-    for (int i = 0; i < stages; ++i) barrier_init(&s.full[i], kProducerThreads), barrier_init(&s.empty[i], kConsumerThreads);
-    barrier_init_fence();
-  }
   if (b.warp >= kConsumerWarps) {
     // The producers (produce, above). Registers move to the consumers (their O and S
     // accumulators: kConsumerRegs; ptxas allocates each side's code for its count).
