@@ -110,6 +110,25 @@ __device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
 __device__ __forceinline__ void barrier_arrive_after_copies(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(bar)) : "memory");
 }
+// Registers moved between warpgroups (setmaxnreg): a warpgroup gives its registers back
+// down to kRegs a thread, or takes them up to kRegs (multiples of 8 in [24, 256]; every
+// warp of the warpgroup executes it). The instruction exists on the arch- and
+// family-specific targets (sm_90a, sm_100a/f, sm_120a/f); a build for a plain target
+// (sm_90 and its PTX) leaves every warp at the launch's registers: the same results, with
+// whatever spills that costs.
+template <int kRegs>
+__device__ __forceinline__ void warpgroup_release_registers() {
+#if defined(__CUDA_ARCH_SPECIFIC__) || defined(__CUDA_ARCH_FAMILY_SPECIFIC__)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+__device__ __forceinline__ void warpgroup_take_registers() {
+#if defined(__CUDA_ARCH_SPECIFIC__) || defined(__CUDA_ARCH_FAMILY_SPECIFIC__)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+
 // A block barrier (hardware barrier `id`) that `threads` threads (a multiple of
 // 32) reach from different places in the code, e.g. a warp-specialized kernel's
 // producer and consumer branches: the non-aligned form, which PTX defines for

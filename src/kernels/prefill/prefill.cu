@@ -457,7 +457,7 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   if (b.warp >= kConsumerWarps) {
     // The producers (produce, above). Registers move to the consumers (their O and S
     // accumulators: kConsumerRegs; ptxas allocates each side's code for its count).
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs<kD>));
+    warpgroup_release_registers<kProducerRegs<kD>>();
     // The producers' loop for the common layouts holds only their path: 8-byte group
     // loads, plain token strides, the standard code order (run 51's profile: instruction
     // fetch stalls in a loop that held every path); the general loop takes any layout.
@@ -465,7 +465,7 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
     else produce<kD, false>(p, s, b, lo, hi, tiles);
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs<kD>));
+  warpgroup_take_registers<kConsumerRegs<kD>>();
   load_query<kD, kType>(p, s, b, kgs);
   sync_threads(0, kThreads);  // every row's query and multiplier in place; the ring's barriers initialized
 
