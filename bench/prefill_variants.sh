@@ -23,18 +23,8 @@ for line in sys.stdin:
     print("  B %3d L %6d D %3d: %9.3f ms %6.1f TFLOP/s" % (r["batch"], r["prompt"], r["head_dim"], r["ms"], r.get("tflops", 0)))'
   done
 }
-n=0
-for patch in "$@"; do
-  n=$((n + 1))
-  dir="$work/v$n"
-  mkdir -p "$dir"
-  (cd "$root" && tar cf - --exclude=./build --exclude=./.git --exclude=./.carry .) | (cd "$dir" && tar xf -)
-  (cd "$dir" && patch -p1 -s < "$root/$patch") || { echo "$patch: does not apply"; touch "$dir/failed"; continue; }
-  (cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNVFP4KV_REQUIRE_CUDA=ON -DNVFP4KV_BUILD_TESTS=OFF \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DNVFP4KV_EXTRA_INCLUDE="$root/.carry/include" > "$dir/configure.log" 2>&1 &&
-    cmake --build "$dir/build" -j 16 --target nvfp4kv > "$dir/build.log" 2>&1 || touch "$dir/failed") &
-done
-wait
+. "$root/bench/variant_builds.sh"
+build_variants "$root" "$work" 16 "$@"
 run "baseline (working tree)" "$root/build/gpu"
 n=0
 for patch in "$@"; do

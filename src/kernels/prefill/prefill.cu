@@ -128,12 +128,18 @@ __device__ __forceinline__ ColumnBase column_base(const PrefillParams& p, const 
   ColumnBase cb;
   for (int side = 0; side < 2; ++side) {
     const SideRegions reg = side_regions(side ? Side::kV : Side::kK);
-    const RegionMap& dm = p.layout.region(reg.data);
-    const RegionMap& sm = p.layout.region(reg.scale);
-    cb.data[side] = p.cache.ptr[dm.buffer] + dm.offset + p.args.layer * dm.layer + b.kv_head * dm.head + dm.column(8 * g);
-    cb.scale[side] = p.cache.ptr[sm.buffer] + sm.offset + p.args.layer * sm.layer + b.kv_head * sm.head + sm.column(g);
+    const TileMap td = p.layout.tile(reg.data, p.args.layer, 0, b.kv_head);
+    const TileMap ts = p.layout.tile(reg.scale, p.args.layer, 0, b.kv_head);
+    cb.data[side] = p.cache.ptr[p.layout.region(reg.data).buffer] + td.offset(0, 8 * g);
+    cb.scale[side] = p.cache.ptr[p.layout.region(reg.scale).buffer] + ts.offset(0, g);
   }
   return cb;
+}
+
+// Whether a group's 16 elements (8 data bytes) of region r take one 8-byte load: a column
+// stride of 1 and rows the validator proved 8-byte aligned.
+__device__ __forceinline__ bool group_loads(const LayoutView& layout, Region r) {
+  return layout.vector_bytes(r) >= 8 && layout.region(r).column.is_plain() && layout.region(r).column.stride == 1;
 }
 
 // A group's two data words byte by byte, for layouts whose data rows do not allow an
@@ -175,7 +181,7 @@ __device__ __forceinline__ void fetch_tile(const PrefillParams& p, const Block& 
                                             uint32_t(tp.token[k]) * uint32_t(dm.token.stride));
         sh.scale[side][k] = cb.scale[side][pg * uint64_t(sm.page) + uint32_t(tp.token[k]) * uint32_t(sm.token.stride)];
       } else {
-        if (p.layout.vector_bytes(reg.data) >= 8 && dm.column.is_plain() && dm.column.stride == 1)
+        if (group_loads(p.layout, reg.data))
           v = *reinterpret_cast<const uint2*>(cb.data[side] + page * dm.page + dm.token(token));
         else
           v = gather_words(p, reg.data, page, token, g, b.kv_head);
@@ -334,9 +340,7 @@ __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, int slot, c
 // of a group at a column stride of 1, every region's token mode is a plain stride whose
 // largest term fits 31 bits, and the data bytes keep the standard code order.
 __device__ __forceinline__ bool fast_path(const LayoutView& layout) {
-  for (Region r : {Region::kKData, Region::kVData})
-    if (layout.vector_bytes(r) < 8 || !layout.region(r).column.is_plain() || layout.region(r).column.stride != 1)
-      return false;
+  if (!group_loads(layout, Region::kKData) || !group_loads(layout, Region::kVData)) return false;
   for (int r = 0; r < kRegionCount; ++r) {
     const Mode& token = layout.region(Region(r)).token;
     // A plain stride whose terms over the page fit 31 bits (the fast loop adds them in 32).
