@@ -231,6 +231,9 @@ int run(int argc, char** argv) {
   cudaFree(dst);
   bench_store("nvfp4kv-native", 16384, ScaleRule::kStandard, 1);
   bench_store("nvfp4kv-native", 65536, ScaleRule::kStandard, 2);
+  // Native layout version 1 (the standard code order) beside version 2 (fp16-split): what
+  // re-encoding each data word costs the store and gather.
+  bench_store("nvfp4kv-native-v1", 65536, ScaleRule::kStandard, 2);
   if (!quick) {
     bench_store("nvfp4kv-native", 65536, ScaleRule::kFourOverSix, 3);
     bench_store("vllm-legacy-hnd", 65536, ScaleRule::kStandard, 4);
@@ -238,6 +241,7 @@ int run(int argc, char** argv) {
   }
   bench_gather("nvfp4kv-native", 16384, 6);
   bench_gather("nvfp4kv-native", 65536, 7);
+  bench_gather("nvfp4kv-native-v1", 65536, 7);
   if (!quick) bench_gather("vllm-legacy-hnd", 65536, 8);
   bench_decode_store(64);
   std::printf("\n| what | ms | MB moved | TB/s | of copy |\n|---|---:|---:|---:|---:|\n");

@@ -70,7 +70,7 @@ inline Result format_checks(const ValidLayout& layout, int64_t layer, const char
 // standard order and take any.
 inline Result code_order_checks(const ValidLayout& layout, const char* who) {
   const CodeOrder& codes = layout.layout().codes;
-  if (codes.is_standard() || code_order_name(codes) == "fp16-split") return {};
+  if (codes.is_standard() || codes.is_fp16_split()) return {};
   return {Status::kUnsupported, std::string(who) + ": layout " + quote_text(layout.layout().name) +
                                     " keeps a data byte's codes in the " + code_order_text(codes) +
                                     " order; decode attention reads the standard and fp16-split orders only so far "

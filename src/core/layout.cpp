@@ -130,7 +130,7 @@ struct NamedOrder {
 constexpr NamedOrder kNamedOrders[] = {
     {"standard", {{0, 1, 2, 3, 4, 5, 6, 7}}},
     {"high-first", {{4, 5, 6, 7, 0, 1, 2, 3}}},
-    {"fp16-split", {{1, 2, 3, 7, 4, 5, 6, 0}}},
+    {"fp16-split", CodeOrder::fp16_split()},
 };
 }  // namespace
 

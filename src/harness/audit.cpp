@@ -28,7 +28,9 @@ StoreAudit audit_store(const ValidLayout& valid, int64_t layer, const std::vecto
         for (int64_t c = 0; c < d.columns(r); ++c) {
           const int64_t off = l.offset(r, {layer, slot / d.tokens_per_page, slot % d.tokens_per_page, h, c});
           owned[size_t(b)][size_t(off)] = 1;
-          const bool same = cache[size_t(b)][size_t(off)] == want[size_t((i * d.heads + h) * d.columns(r) + c)];
+          // The quantized rows hold standard-order data bytes; the cache keeps the layout's order.
+          const uint8_t stored = want[size_t((i * d.heads + h) * d.columns(r) + c)];
+          const bool same = cache[size_t(b)][size_t(off)] == (is_scale(r) ? stored : l.codes.encode(stored));
           (same ? a.regions[size_t(r)].bytes_ok : a.regions[size_t(r)].bytes_bad)++;
           if (!same && a.first_bad_byte < 0) a.first_bad_byte = off;
         }

@@ -280,7 +280,7 @@ TEST_F(StoredFormat, StoreFollowsTheFormatBitForBit) {
           ASSERT_EQ(*element_address(layout.layout(), cache.buffers, reg.scale, c), q.scale);
           for (int j = 0; j < 8; ++j)
             ASSERT_EQ(*element_address(layout.layout(), cache.buffers, reg.data, Coord{1, t / 16, t % 16, h, g * 8 + j}),
-                      q.packed[j]);
+                      layout.layout().codes.encode(q.packed[j]));  // the layout's code order (native: fp16-split)
         }
       }
   // The call may repeat the format's rules, not contradict them.

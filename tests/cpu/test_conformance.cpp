@@ -189,7 +189,7 @@ TEST(ConformanceKit, FilesLoadBackAndRefuseAnotherLayoutOrAModifiedCache) {
 }
 
 TEST(ConformanceKit, RefusesFormatsItsSignaturesCannotCarry) {
-  const ValidLayout plain = layout_of("nvfp4kv-native");
+  const ValidLayout plain = layout_of("nvfp4kv-native-v1");
   CacheFormat f;
   f.layers = {LayerFormat{}};
   EXPECT_NO_THROW(generate(with_format(plain, f), {}));  // an explicit plain format is plain
@@ -206,7 +206,7 @@ TEST(ConformanceKit, RefusesFormatsItsSignaturesCannotCarry) {
 }
 
 TEST(CheckWrite, TheReferenceStoreIsExact) {
-  const Kit kit = generate(layout_of("nvfp4kv-native"), {});
+  const Kit kit = generate(layout_of("nvfp4kv-native-v1"), {});
   const WriteReport r = check_write(kit, kit.cache);
   EXPECT_TRUE(r.ok()) << r.text();
   for (const RegionWriteReport& x : r.regions) {
@@ -348,7 +348,7 @@ TEST(CheckWrite, InterleavedVScalesAgainstALinearLayoutAreNamed) {
 
 TEST(CheckWrite, BytesOutsideTheRowsCellsAndPaddingRowsAreListed) {
   // N 3, D 80: each data plane of 120 bytes is padded to 128, so some bytes are no element's.
-  const ValidLayout l = validate(instantiate(preset_spec("nvfp4kv-native"), {1, 40, 3, 2, 80}));
+  const ValidLayout l = validate(instantiate(preset_spec("nvfp4kv-native-v1"), {1, 40, 3, 2, 80}));
   const Kit kit = generate(l, {});
   std::vector<std::vector<uint8_t>> dump = kit.cache;
   int64_t gap = -1, unstored = -1;

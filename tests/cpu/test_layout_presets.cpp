@@ -309,6 +309,28 @@ TEST(Presets, InterleaveOutsideItsPlaneIsRejected) {
       << r.problems[0];
 }
 
+// Native layout version 2 is version 1's places with the fp16-split code order; every
+// engine's preset keeps the standard order (what their kernels write). compare() sees the two
+// native versions place every byte alike and still disagree, for the bits inside the bytes,
+// so a cache written by one is never silently read by the other.
+TEST(Presets, NativeVersionTwoIsVersionOnesPlacesInTheFp16SplitOrder) {
+  for (const PresetInfo& p : list_presets()) {
+    const Layout l = preset(p.name.c_str(), {1, 3, 16, 2, 128});
+    const bool native_v2 = p.name == "nvfp4kv-native" || p.name == "nvfp4kv-native-layers";
+    EXPECT_EQ(code_order_name(l.codes), native_v2 ? "fp16-split" : "standard") << p.name;
+  }
+  for (int64_t n : {1, 3, 16, 64})
+    for (int64_t dim : {64, 80, 128, 256}) {
+      const Layout v2 = preset("nvfp4kv-native", {2, 3, n, 3, dim}), v1 = preset("nvfp4kv-native-v1", {2, 3, n, 3, dim});
+      EXPECT_TRUE(check(v2).report.ok) << "N " << n << " D " << dim;
+      EXPECT_EQ(v2.total_bytes(), v1.total_bytes());
+      const CompareReport r = compare(v1, v2);
+      EXPECT_EQ(r.misplaced, 0) << "N " << n << " D " << dim;
+      EXPECT_FALSE(r.codes_agree);
+      EXPECT_FALSE(r.agree);
+    }
+}
+
 // The proof's work is bounded by construction: it enumerates one (page, head) cell's elements per
 // plane, never the allocation, and the count it reports is what it did (no clock asserted).
 TEST(Check, SixtyFourLayersTwoHundredThousandPagesFromOneCellsElements) {

@@ -56,7 +56,7 @@ namespace {
 // values back; a reader that takes the standard order for another misreads every value.
 TEST(Mismatch, CodeOrdersAreWrittenAndReadAsTheLayoutSays) {
   const DimsOverride dims{1, 4, 16, 2, 64};
-  const LayoutSpec spec = preset_spec("nvfp4kv-native");
+  const LayoutSpec spec = preset_spec("nvfp4kv-native-v1");
   const ValidLayout standard = validate(instantiate(spec, dims));
   const int64_t tokens = 4 * 16, row = 2 * 64;
   std::mt19937 rng(5);

@@ -47,14 +47,33 @@ struct CodeOrder {
       if (bit[i] != i) return false;
     return true;
   }
+  // The fp16-split order (element 2j: sign at bit 7, e1 e0 m at bits 3..1; element 2j + 1:
+  // sign at bit 0, e1 e0 m at bits 6..4), the native layout's: the one statement of its bits.
+  NVFP4KV_HD static constexpr CodeOrder fp16_split() { return CodeOrder{{1, 2, 3, 7, 4, 5, 6, 0}}; }
+  NVFP4KV_HD bool is_fp16_split() const {
+    const CodeOrder s = fp16_split();
+    for (int i = 0; i < 8; ++i)
+      if (bit[i] != s.bit[i]) return false;
+    return true;
+  }
+  // The same moves as encode_word / decode_word for fp16-split in six operations instead
+  // of a loop over the eight bits (the native layout's store and gather take them).
+  NVFP4KV_HD static uint32_t split_from_standard(uint32_t w) {
+    return ((w & 0x07070707u) << 1) | ((w & 0x08080808u) << 4) | (w & 0x70707070u) | ((w >> 7) & 0x01010101u);
+  }
+  NVFP4KV_HD static uint32_t standard_from_split(uint32_t w) {
+    return ((w >> 1) & 0x07070707u) | ((w >> 4) & 0x08080808u) | (w & 0x70707070u) | ((w << 7) & 0x80808080u);
+  }
   // Four data bytes at once (a little-endian word), each moved alike: a standard
   // word (element 2j in bits 0..3 of each byte) into this order, and back.
   NVFP4KV_HD uint32_t encode_word(uint32_t standard) const {
+    if (is_fp16_split()) return split_from_standard(standard);
     uint32_t out = 0;
     for (int i = 0; i < 8; ++i) out |= ((standard >> i) & 0x01010101u) << bit[i];
     return out;
   }
   NVFP4KV_HD uint32_t decode_word(uint32_t stored) const {
+    if (is_fp16_split()) return standard_from_split(stored);
     uint32_t out = 0;
     for (int i = 0; i < 8; ++i) out |= ((stored >> bit[i]) & 0x01010101u) << i;
     return out;

@@ -884,10 +884,7 @@ cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
 // Whether the layout keeps a data byte's codes in the fp16-split order (the native
 // layout: decode's placement takes fewer operations); the API lets decode read the
 // standard order and this one only.
-inline bool split_codes(const LayoutView& layout) {
-  static const CodeOrder split = *code_order_named("fp16-split");
-  return layout.codes() == split;
-}
+inline bool split_codes(const LayoutView& layout) { return layout.codes().is_fp16_split(); }
 
 // Runs op.run<kD, kGroupRows, kType, kSoftcap, kShort, Format>() for the call's rows
 // (decode_instance_rows), type, soft-cap, route and code order at head dim kD; the

@@ -77,7 +77,9 @@ __device__ __forceinline__ void gather_device(const GatherParams& p, const Gathe
   const SideRegions reg = side_regions(th.side);
   const int64_t scale_head = p.layout.head_step(reg.scale), data_head = p.layout.head_step(reg.data);
   const bool vector_data = p.layout.vector_bytes(reg.data) >= 8;
-  const bool standard_codes = p.layout.codes().is_standard();  // else each data word is decoded to it first
+  // Each data word decoded to the standard order first unless it is in it: fp16-split (the
+  // native layout's) in a few operations, another order bit by bit.
+  const bool standard_codes = p.layout.codes().is_standard(), split_codes = p.layout.codes().is_fp16_split();
   const int64_t head_chunks = head_dim / 8;  // 16-byte chunks per head of an output row
   // Output stores: a thread's block is two 16-byte chunks of one 32-byte sector,
   // and two store instructions would each write half of every sector. Where the
@@ -118,7 +120,9 @@ __device__ __forceinline__ void gather_device(const GatherParams& p, const Gathe
             w[j / 4] |= uint32_t(__ldg(element_address(p.layout, p.cache, reg.data, cb))) << (8 * (j % 4));
           bytes[k] = make_uint2(w[0], w[1]);
         }
-        if (!standard_codes)
+        if (split_codes)
+          bytes[k] = make_uint2(CodeOrder::standard_from_split(bytes[k].x), CodeOrder::standard_from_split(bytes[k].y));
+        else if (!standard_codes)
           bytes[k] = make_uint2(p.layout.codes().decode_word(bytes[k].x), p.layout.codes().decode_word(bytes[k].y));
       }
 #pragma unroll

@@ -43,7 +43,7 @@ using prefill_limits::kKvTile, prefill_limits::kPad, prefill_limits::kRows, pref
 constexpr int kThreads = kWarps * 32;
 constexpr int kConsumerThreads = kConsumerWarps * 32;  // warps 0-7; the producers are warps 8-15
 constexpr int kProducerThreads = kThreads - kConsumerThreads;
-using Format = Nvfp4Fp16;
+using Format = Nvfp4Fp16;  // the query's prescale and the output's 2^14 (both placements share them)
 
 // The block's shared memory, carved in prefill_smem_bytes' order.
 template <int kD>
@@ -194,14 +194,15 @@ __device__ __forceinline__ void fetch_tile(const PrefillParams& p, const Block& 
 
 // Dequantizes this thread's share into stage `slot`'s K and V tiles: each item 16
 // FP16 values e2m1 * 2^-14 * block scale in element order (zeros for an item read as zeros).
-// kFast: the layout keeps the standard code order (fast_path).
-template <int kD, bool kFast>
+// kFast: the layout keeps the code order Place places (fast_path: the standard order with
+// Nvfp4Fp16, fp16-split with Nvfp4Fp16Split); else any order, decoded to the standard one.
+template <int kD, bool kFast, class Place>
 __device__ __forceinline__ void store_tile(const PrefillParams& p, const Smem<kD>& s, int pt, int slot,
                                            const TileShare<kD>& sh) {
   using T = TileShare<kD>;
   const int g = pt % T::kGroups;
-  // A layout whose data bytes keep their codes in another order: back to the standard
-  // order first (a bit move per byte; this dequantization is amortized over 128 rows).
+  // The general loop: a layout whose data bytes keep their codes in another order goes back
+  // to the standard order first (a bit move per byte, amortized over 128 rows).
   const CodeOrder& codes = p.layout.codes();
   const bool reorder = !kFast && !codes.is_standard();
 #pragma unroll
@@ -214,7 +215,7 @@ __device__ __forceinline__ void store_tile(const PrefillParams& p, const Smem<kD
       for (int h = 0; h < 2; ++h) {
         const uint32_t w = reorder ? codes.decode_word(sh.w[side][k][h]) : sh.w[side][k][h];
         uint32_t r[4];  // pairs (0, 4), (1, 5), (2, 6), (3, 7) of the word's elements
-        Format::place(w, r);
+        Place::place(w, r);
         out[4 * h + 0] = hmul2(__byte_perm(r[0], r[1], 0x5410), sf);  // elements 0, 1
         out[4 * h + 1] = hmul2(__byte_perm(r[2], r[3], 0x5410), sf);  // 2, 3
         out[4 * h + 2] = hmul2(__byte_perm(r[0], r[1], 0x7632), sf);  // 4, 5
@@ -336,17 +337,21 @@ __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, int slot, c
   }
 }
 
-// Whether the producers may take the fast loop: both sides' data rows allow an 8-byte load
-// of a group at a column stride of 1, every region's token mode is a plain stride whose
-// largest term fits 31 bits, and the data bytes keep the standard code order.
-__device__ __forceinline__ bool fast_path(const LayoutView& layout) {
-  if (!group_loads(layout, Region::kKData) || !group_loads(layout, Region::kVData)) return false;
+// Which loop the producers take: a fast one where both sides' data rows allow an 8-byte
+// load of a group at a column stride of 1, every region's token mode is a plain stride whose
+// largest term fits 31 bits, and the data bytes keep the standard or the fp16-split code
+// order (each with its own placement); the general loop otherwise.
+enum class ProducerLoop { kGeneral, kFastStandard, kFastSplit };
+__device__ __forceinline__ ProducerLoop producer_loop(const LayoutView& layout) {
+  if (!group_loads(layout, Region::kKData) || !group_loads(layout, Region::kVData)) return ProducerLoop::kGeneral;
   for (int r = 0; r < kRegionCount; ++r) {
     const Mode& token = layout.region(Region(r)).token;
     // A plain stride whose terms over the page fit 31 bits (the fast loop adds them in 32).
-    if (!token.is_plain() || token.stride > INT32_MAX / layout.dims().tokens_per_page) return false;
+    if (!token.is_plain() || token.stride > INT32_MAX / layout.dims().tokens_per_page) return ProducerLoop::kGeneral;
   }
-  return layout.codes().is_standard();
+  if (layout.codes().is_standard()) return ProducerLoop::kFastStandard;
+  if (layout.codes().is_fp16_split()) return ProducerLoop::kFastSplit;
+  return ProducerLoop::kGeneral;
 }
 
 // Registers per thread after setmaxnreg (multiples of 8; the block's 512 x 128 in all):
@@ -362,7 +367,7 @@ static_assert(kProducerRegs<256> == 56 && kProducerRegs<128> == 64);
 // they are in flight while the producers wait for the next slot. The producers leave
 // without waiting for the consumers' last releases: a consumer waits only on full
 // barriers, which complete through the producers' own arrivals, so none can be left waiting.
-template <int kD, bool kFast>
+template <int kD, bool kFast, class Place>
 __device__ void produce(const PrefillParams& p, const Smem<kD>& s, const Block& b, int64_t lo, int64_t hi, int tiles) {
   const int stages = p.geometry.stages;
   const int pt = b.tid - kConsumerThreads;
@@ -380,7 +385,7 @@ __device__ void produce(const PrefillParams& p, const Smem<kD>& s, const Block& 
   // each round).
   for (int j = 0, slot = 0, phase = 0; j < tiles; ++j) {
     if (j >= stages) barrier_wait_bounded(&s.empty[slot], phase);
-    store_tile<kD, kFast>(p, s, pt, slot, share);
+    store_tile<kD, kFast, Place>(p, s, pt, slot, share);
     barrier_arrive(&s.full[slot]);
     if (j + 1 < tiles) {
       fetch_tile<kD, kFast>(p, b, pt, cb, pages, share);
@@ -463,10 +468,13 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
     // accumulators: kConsumerRegs; ptxas allocates each side's code for its count).
     warpgroup_release_registers<kProducerRegs<kD>>();
     // The producers' loop for the common layouts holds only their path: 8-byte group
-    // loads, plain token strides, the standard code order (run 51's profile: instruction
-    // fetch stalls in a loop that held every path); the general loop takes any layout.
-    if (fast_path(p.layout)) produce<kD, true>(p, s, b, lo, hi, tiles);
-    else produce<kD, false>(p, s, b, lo, hi, tiles);
+    // loads, plain token strides, one code order (run 51's profile: instruction fetch
+    // stalls in a loop that held every path); the general loop takes any layout.
+    switch (producer_loop(p.layout)) {
+      case ProducerLoop::kFastSplit: produce<kD, true, Nvfp4Fp16Split>(p, s, b, lo, hi, tiles); break;
+      case ProducerLoop::kFastStandard: produce<kD, true, Nvfp4Fp16>(p, s, b, lo, hi, tiles); break;
+      default: produce<kD, false, Nvfp4Fp16>(p, s, b, lo, hi, tiles);
+    }
     return;
   }
   warpgroup_take_registers<kConsumerRegs<kD>>();

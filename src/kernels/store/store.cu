@@ -78,6 +78,12 @@ struct StoreThread {
   int64_t first_head, head_stride;
 };
 
+// A group's two data words into an order other than standard and fp16-split, bit by bit
+// (out of line: rare, and it keeps the store's loop registers for the common orders).
+__device__ __noinline__ uint2 encode_general(CodeOrder codes, uint32_t a, uint32_t b) {
+  return make_uint2(codes.encode_word(a), codes.encode_word(b));
+}
+
 template <ElementType kType, ScaleRule kRule, int kHeadDim>
 __device__ __forceinline__ void store_device(const StoreParams& p, StoreShared& smem, const StoreThread& th) {
   const CacheDims& d = p.layout.dims();
@@ -108,7 +114,9 @@ __device__ __forceinline__ void store_device(const StoreParams& p, StoreShared& 
   uint8_t* const data_base = element_address(p.layout, p.cache, reg.data, c);
   const int64_t scale_head = p.layout.head_step(reg.scale), data_head = p.layout.head_step(reg.data);
   const bool vector_data = p.layout.vector_bytes(reg.data) >= 8;
-  const bool standard_codes = p.layout.codes().is_standard();  // else each data word is re-encoded
+  // Each data word re-encoded unless the order is standard: fp16-split (the native layout's) in
+  // a few operations, another order bit by bit.
+  const bool standard_codes = p.layout.codes().is_standard(), split_codes = p.layout.codes().is_fp16_split();
   const int64_t head_dim = kHeadDim ? kHeadDim : d.head_dim;
   // 16-byte aligned rows (checked on the host); head h's group starts h * D elements further.
   const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.rows.side(th.side)) +
@@ -135,7 +143,12 @@ __device__ __forceinline__ void store_device(const StoreParams& p, StoreShared& 
     const uint4 lo = smem.stage[j % kStages][0][th.slot], hi = smem.stage[j % kStages][1][th.slot];
     const int64_t h = th.first_head + j * th.head_stride;
     PackedBlock q = quantize<kType, kRule>(lo, hi, gs, a.status);
-    if (!standard_codes) q.data[0] = p.layout.codes().encode_word(q.data[0]), q.data[1] = p.layout.codes().encode_word(q.data[1]);
+    if (split_codes)
+      q.data[0] = CodeOrder::split_from_standard(q.data[0]), q.data[1] = CodeOrder::split_from_standard(q.data[1]);
+    else if (!standard_codes) {
+      const uint2 w = encode_general(p.layout.codes(), q.data[0], q.data[1]);
+      q.data[0] = w.x, q.data[1] = w.y;
+    }
     scale_base[h * scale_head] = q.scale;
     if (vector_data) {
       *reinterpret_cast<uint2*>(data_base + h * data_head) = make_uint2(q.data[0], q.data[1]);
