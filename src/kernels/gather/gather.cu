@@ -120,6 +120,12 @@ __device__ __forceinline__ void gather_device(const GatherParams& p, const Gathe
             w[j / 4] |= uint32_t(__ldg(element_address(p.layout, p.cache, reg.data, cb))) << (8 * (j % 4));
           bytes[k] = make_uint2(w[0], w[1]);
         }
+      }
+      // Every head's load is issued above before any word is reordered here: the reorder
+      // needs the loaded word, and inside the load loop it serialized the loads (run 56:
+      // the native layout's gather at 0.156 ms against 0.109 in the standard order).
+#pragma unroll
+      for (int k = 0; k < kHeadsInFlight; ++k) {
         if (split_codes)
           bytes[k] = make_uint2(CodeOrder::standard_from_split(bytes[k].x), CodeOrder::standard_from_split(bytes[k].y));
         else if (!standard_codes)
