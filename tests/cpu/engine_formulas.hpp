@@ -254,6 +254,7 @@ inline const std::map<std::string, Transcription>& transcriptions() {
       {"nvfp4kv-native", std::bind(native, false, _1, _2, _3)},
       {"nvfp4kv-native-v1", std::bind(native, false, _1, _2, _3)},  // the same places, the standard code order
       {"nvfp4kv-native-layers", std::bind(native, true, _1, _2, _3)},
+      {"nvfp4kv-native-layers-v1", std::bind(native, true, _1, _2, _3)},
   };
   return all;
 }

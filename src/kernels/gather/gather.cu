@@ -126,6 +126,7 @@ __device__ __forceinline__ void gather_device(const GatherParams& p, const Gathe
       // the native layout's gather at 0.156 ms against 0.109 in the standard order).
 #pragma unroll
       for (int k = 0; k < kHeadsInFlight; ++k) {
+        if (h0 + k >= d.heads) break;  // bytes[k] past the last head was never loaded
         if (split_codes)
           bytes[k] = make_uint2(CodeOrder::standard_from_split(bytes[k].x), CodeOrder::standard_from_split(bytes[k].y));
         else if (!standard_codes)

@@ -157,7 +157,7 @@ __device__ __noinline__ uint2 gather_words(const PrefillParams& p, Region r, int
 // Loads this thread's raw bytes of the tile (where tile_pages put its tokens) into sh:
 // a token without a page, and the padded groups past the head dim, read as zeros. kFast:
 // the layout's data rows take an 8-byte load per group and every region's token mode is a
-// plain stride (fast_path), else any mode and byte gathers where the rows need them.
+// plain stride (producer_loop), else any mode and byte gathers where the rows need them.
 template <int kD, bool kFast>
 __device__ __forceinline__ void fetch_tile(const PrefillParams& p, const Block& b, int pt, const ColumnBase& cb,
                                            const TilePages<kD>& tp, TileShare<kD>& sh) {
@@ -175,7 +175,7 @@ __device__ __forceinline__ void fetch_tile(const PrefillParams& p, const Block& 
       if (tp.page[k] < 0 || !column) continue;
       const int64_t page = tp.page[k], token = tp.token[k];
       uint2 v;
-      if constexpr (kFast) {  // the page term in 64 bits (page >= 0 here), the token term in 32 (fast_path)
+      if constexpr (kFast) {  // the page term in 64 bits (page >= 0 here), the token term in 32 (producer_loop)
         const uint64_t pg = uint32_t(tp.page[k]);
         v = *reinterpret_cast<const uint2*>(cb.data[side] + pg * uint64_t(dm.page) +
                                             uint32_t(tp.token[k]) * uint32_t(dm.token.stride));
@@ -194,7 +194,7 @@ __device__ __forceinline__ void fetch_tile(const PrefillParams& p, const Block& 
 
 // Dequantizes this thread's share into stage `slot`'s K and V tiles: each item 16
 // FP16 values e2m1 * 2^-14 * block scale in element order (zeros for an item read as zeros).
-// kFast: the layout keeps the code order Place places (fast_path: the standard order with
+// kFast: the layout keeps the code order Place places (producer_loop: the standard order with
 // Nvfp4Fp16, fp16-split with Nvfp4Fp16Split); else any order, decoded to the standard one.
 template <int kD, bool kFast, class Place>
 __device__ __forceinline__ void store_tile(const PrefillParams& p, const Smem<kD>& s, int pt, int slot,
