@@ -22,19 +22,23 @@ the new chunk. The attention function refuses to run without the cache, by name.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
+import sys
 import threading
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-from transformers import AttentionInterface, AttentionMaskInterface
+from transformers import AttentionInterface, AttentionMaskInterface, DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import nvfp4kv
 
-__all__ = ["KVCache", "attention", "padding_mask", "NAME"]
+__all__ = ["KVCache", "attention", "padding_mask", "calibrate", "NAME"]
 
 NAME = "nvfp4kv"
 """The attn_implementation name this module registers."""
@@ -438,3 +442,167 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
 
 AttentionInterface.register(NAME, attention)
 AttentionMaskInterface.register(NAME, padding_mask)
+
+
+# ---- calibration from a model and a text ------------------------------------------------------
+CALIBRATE_NAME = "nvfp4kv_calibrate"
+"""The attn_implementation ``calibrate`` runs the model with: PyTorch's SDPA, recording each layer's
+post-RoPE queries on the way."""
+
+
+class _SampleCache(DynamicCache):
+    """A DynamicCache that also keeps the new post-RoPE K and V rows of each layer (sequence 0) as
+    float32 (tokens, kv heads, D) pieces."""
+
+    def __init__(self, config: Any, pieces: Dict[str, List[np.ndarray]]):
+        super().__init__(config=config)
+        self.pieces = pieces
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        for name, x in (("k", key_states), ("v", value_states)):
+            self.pieces.setdefault("%s_%d" % (name, layer_idx), []).append(
+                x[0].transpose(0, 1).float().cpu().numpy())
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+def _record_queries(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: Any, scaling: Optional[float] = None, **kwargs):
+    """The attention function registered as "nvfp4kv_calibrate": records query (sequence 0) for
+    ``module.layer_idx``, scaled so that q.k / sqrt(D) is the model's own logit (its scaling may be
+    another than 1/sqrt(D): Gemma's query_pre_attn_scalar), then runs SDPA."""
+    pieces = getattr(_state, "calibration", None)
+    if pieces is not None:
+        dim = query.shape[-1]
+        factor = 1.0 if scaling is None else float(scaling) * math.sqrt(dim)
+        pieces.setdefault("q_%d" % int(module.layer_idx), []).append(
+            (query[0].transpose(0, 1).float() * factor).cpu().numpy())
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+
+AttentionInterface.register(CALIBRATE_NAME, _record_queries)
+AttentionMaskInterface.register(CALIBRATE_NAME, AttentionMaskInterface._global_mapping["sdpa"])
+
+
+class _Progress:
+    """One line on stderr that a person can follow: "nvfp4kv calibrate: [#####     ] 1024/2048 tokens"."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled = total, enabled
+        self.tty = enabled and sys.stderr.isatty()
+
+    def show(self, done: int, what: str = "tokens") -> None:
+        if not self.enabled:
+            return
+        bar = "#" * (20 * done // max(self.total, 1))
+        line = "nvfp4kv calibrate: [%-20s] %d/%d %s" % (bar, done, self.total, what)
+        sys.stderr.write(("\r" + line) if self.tty else line + "\n")
+        sys.stderr.flush()
+
+    def end(self, line: str) -> None:
+        if self.enabled:
+            sys.stderr.write(("\r" if self.tty else "") + line + "\n")
+            sys.stderr.flush()
+
+
+def calibrate(model: Any, tokens: Any = None, *, text: Optional[str] = None, tokenizer: Any = None,
+              bits: float = 4.5, samples: int = 2048, chunk: int = 512, out: Optional[str] = None,
+              progress: bool = True) -> Dict[str, Any]:
+    """A calibration file (docs/calibration.md) for ``model`` from a text: the model runs over the
+    first ``samples`` tokens as one sequence (in chunks of ``chunk``, with PyTorch's SDPA), its
+    post-RoPE K, V and queries of every layer are recorded, and ``nvfp4kv.calibrate`` measures
+    them (the model's own queries probe each mode's attention error, not the keys' stand-in).
+
+    tokens:     the token ids, a 1-D sequence (list, NumPy or PyTorch), or
+    text:       a string (or a path to a UTF-8 file) with ``tokenizer``: its ids as the tokenizer
+                gives them (BOS first where it adds one).
+    bits:       bits per value to spend ([4.5, 8]); samples: tokens measured (>= 16).
+    out:        where to write the file (only once everything was measured and checked).
+    progress:   a progress line on stderr.
+    Returns the calibration as a dict; ``KVCache(config, calibration=out, ...)`` takes the file."""
+    if (tokens is None) == (text is None):
+        raise ValueError("calibrate: give exactly one of tokens= and text= (with tokenizer=)")
+    if text is not None:
+        if tokenizer is None:
+            raise ValueError("calibrate: text= needs tokenizer= (the model's)")
+        if os.path.isfile(text):
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
+        ids = np.asarray(tokenizer(text).input_ids, np.int64)
+    else:
+        ids = np.asarray(tokens.cpu() if isinstance(tokens, torch.Tensor) else tokens, np.int64)
+    if ids.ndim != 1:
+        raise ValueError("calibrate: tokens must be one sequence (1-D), got shape %s" % (ids.shape,))
+    samples, chunk = int(samples), int(chunk)
+    if samples < 16 or chunk < 1:
+        raise ValueError("calibrate: samples must be >= 16 and chunk >= 1, got %d and %d" % (samples, chunk))
+    if ids.size < samples:
+        raise ValueError("calibrate: the text has %d tokens; %d are measured (give more text or fewer samples=)"
+                         % (ids.size, samples))
+    ids = torch.from_numpy(ids[:samples]).to(model.device)
+    layers, _, _ = _kv_dims(model.config)
+    pieces: Dict[str, List[np.ndarray]] = {}
+    before = model.config._attn_implementation
+    bar = _Progress(samples, progress)
+    cache = _SampleCache(model.config, pieces)
+    try:
+        model.set_attn_implementation(CALIBRATE_NAME)
+        _state.calibration = pieces
+        with torch.no_grad():
+            for start in range(0, samples, chunk):
+                model(ids[start:start + chunk][None], past_key_values=cache, use_cache=True)
+                bar.show(min(start + chunk, samples))
+    finally:
+        _state.calibration = None
+        model.set_attn_implementation(before)
+    missing = [name for name in ("%s_%d" % (t, l) for l in range(layers) for t in "kvq") if name not in pieces]
+    if missing:
+        raise RuntimeError("calibrate: the model never handed %s to its cache or attention (is it a decoder with "
+                           "one KV cache per layer?)" % ", ".join(missing[:4]))
+    arrays = {name: np.concatenate(parts) for name, parts in pieces.items()}
+    bar.end("nvfp4kv calibrate: %d tokens of %d layers recorded; measuring the NVFP4 modes" % (samples, layers))
+    result = nvfp4kv.calibrate(arrays, bits=bits, out=out)
+    bar.end("nvfp4kv calibrate: %.2f bits per value%s" % (result["bits_per_value"],
+                                                          ", written to %s" % out if out else ""))
+    return result
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """python -m nvfp4kv.transformers calibrate --model DIR_OR_GGUF_FOLDER [--gguf-file F] --text FILE
+    [--bits B] [--samples N] --out FILE"""
+    ap = argparse.ArgumentParser(prog="python -m nvfp4kv.transformers",
+                                 description="nvfp4kv with a Hugging Face transformers model")
+    sub = ap.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("calibrate", help="a calibration file from a model and a text (docs/calibration.md)")
+    c.add_argument("--model", required=True, help="a save_pretrained folder or a hub name, or the GGUF's folder")
+    c.add_argument("--gguf-file", help="the GGUF file inside --model's folder")
+    c.add_argument("--text", help="a UTF-8 text file (tokenized by the model's tokenizer)")
+    c.add_argument("--tokens", help="instead of --text: a .npy of token ids (1-D)")
+    c.add_argument("--bits", type=float, default=4.5, help="bits per value to spend, in [4.5, 8] (default 4.5)")
+    c.add_argument("--samples", type=int, default=2048, help="tokens measured (default 2048)")
+    c.add_argument("--chunk", type=int, default=512, help="tokens per forward pass (default 512)")
+    c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    c.add_argument("--out", required=True, help="the calibration file to write (JSON)")
+    args = ap.parse_args(argv)
+    if (args.text is None) == (args.tokens is None):
+        ap.error("give exactly one of --text and --tokens")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    extra = {"gguf_file": args.gguf_file} if args.gguf_file else {}
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype), **extra).eval()
+    if args.text is not None:
+        tokenizer = AutoTokenizer.from_pretrained(args.model, **extra)
+        result = calibrate(model, text=args.text, tokenizer=tokenizer, bits=args.bits, samples=args.samples,
+                           chunk=args.chunk, out=args.out)
+    else:
+        result = calibrate(model, np.load(args.tokens, allow_pickle=False), bits=args.bits, samples=args.samples,
+                           chunk=args.chunk, out=args.out)
+    formats = json.loads(json.dumps(result["format"]))["layers"]
+    print("calibrated %d layers on %d tokens: %.2f bits per value; written: %s"
+          % (result["layers"], result["samples"], result["bits_per_value"], args.out))
+    for layer, (p, f) in enumerate(zip(result["per_layer"], formats if len(formats) > 1 else formats * result["layers"])):
+        print("  layer %2d  best %-28s error %.3g  K %-9s V %s" % (layer, p["best_mode"], p["errors"][p["best_mode"]],
+                                                                 f["k"]["element"], f["v"]["element"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

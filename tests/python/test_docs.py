@@ -1,5 +1,5 @@
-"""The Python examples of README.md, docs/python.md and docs/conformance.md run as written: those
-that use a GPU on the GPU (marked gpu), the others everywhere."""
+"""The Python examples of README.md, docs/python.md, docs/conformance.md and docs/calibration.md run
+as written: those that use a GPU on the GPU (marked gpu), the others everywhere."""
 import pathlib
 import re
 
@@ -10,7 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def examples():
     found = []
-    for page in ("README.md", "docs/python.md", "docs/conformance.md"):
+    for page in ("README.md", "docs/python.md", "docs/conformance.md", "docs/calibration.md"):
         for i, code in enumerate(re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), re.S)):
             marks = [pytest.mark.gpu] if "import torch" in code else []  # the GPU examples use PyTorch
             found.append(pytest.param(code, id="%s-%d" % (page, i + 1), marks=marks))

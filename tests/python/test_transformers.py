@@ -48,6 +48,11 @@ def tiny(family):
         "gemma2": lambda: transformers.Gemma2Config(**common, sliding_window=8, attn_logit_softcapping=2.0,
                                                     query_pre_attn_scalar=32,
                                                     layer_types=["sliding_attention", "full_attention"]),
+        # Gemma 3: one KV head, sliding-window and global layers (transformers' QuantizedCache
+        # refuses such models), query_pre_attn_scalar, q/k norms.
+        "gemma3": lambda: transformers.Gemma3TextConfig(**dict(common, num_key_value_heads=1), sliding_window=8,
+                                                        query_pre_attn_scalar=32,
+                                                        layer_types=["sliding_attention", "full_attention"]),
         "phi3": lambda: transformers.Phi3Config(**dict(common, hidden_size=256)),
         "gpt_oss": lambda: transformers.GptOssConfig(**common, sliding_window=8, num_local_experts=2,
                                                      num_experts_per_tok=1,
@@ -65,7 +70,7 @@ def tiny(family):
     return model.float().eval()
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi3", "gpt_oss"]
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "gpt_oss"]
 
 
 def smollm2(layers=4):
@@ -351,3 +356,64 @@ def test_kernels_give_the_cpu_paths_logits(family):
     assert relative_gap(gpu, cpu, mask) < GPU_TOLERANCE
     bad, _, _, _ = compare(model, chunks, device="cuda", reader=swapped_reader)
     assert relative_gap(bad, want, mask) > 10 * GPU_TOLERANCE
+
+
+def test_calibrate_from_a_model_records_what_its_attention_computes(tmp_path, monkeypatch):
+    model = tiny("gemma3")  # query_pre_attn_scalar 32 at D 64: its logits are not q.k / sqrt(D)
+    seen = {}
+    real = nvfp4kv.calibrate
+
+    def spy(arrays, **kw):
+        seen.update(arrays)
+        return real(arrays, **kw)
+
+    monkeypatch.setattr(nvfp4kv, "calibrate", spy)
+    ids = np.random.default_rng(5).integers(1, 96, 200)
+    out = tmp_path / "cal.json"
+    cal = nt.calibrate(model, ids, samples=96, chunk=40, out=str(out), progress=False)
+    assert model.config._attn_implementation == "eager"  # what it was before
+    assert cal["layers"] == 2 and cal["samples"] == 96 and json.loads(out.read_text()) == cal
+    assert sorted(seen) == ["k_0", "k_1", "q_0", "q_1", "v_0", "v_1"]
+    assert seen["q_1"].shape == (96, 4, 64) and seen["k_1"].shape == (96, 1, 64)
+    # The recorded queries and keys give the model's own attention weights (the global layer: causal).
+    with torch.no_grad():
+        probs = model(torch.from_numpy(ids[:96])[None], output_attentions=True).attentions[1][0].numpy()
+    q, k = seen["q_1"].astype(np.float64), seen["k_1"][:, 0].astype(np.float64)
+    logits = np.einsum("ihd,jd->hij", q, k) / 8.0 + np.triu(np.full((96, 96), -np.inf), 1)
+    want = np.exp(logits - logits.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    assert np.abs(want - probs).max() < 1e-5
+    # The queries are what the modes were measured with: without them (keys as stand-ins) the errors differ.
+    keys_only = real({n: a for n, a in seen.items() if not n.startswith("q")})
+    assert keys_only["per_layer"][1]["errors"] != cal["per_layer"][1]["errors"]
+    # The file serves a cache of this model.
+    cache = nt.KVCache(model.config, max_tokens=64, device="cpu", calibration=str(out))
+    assert cache.writer.global_scales[0][0] == cal["per_layer"][0]["k_global_scale"]
+
+
+def test_calibrate_refuses_what_it_cannot_measure():
+    model = tiny("llama")
+    with pytest.raises(ValueError, match="exactly one of tokens= and text="):
+        nt.calibrate(model)
+    with pytest.raises(ValueError, match="text= needs tokenizer="):
+        nt.calibrate(model, text="some words")
+    with pytest.raises(ValueError, match="the text has 40 tokens; 64 are measured"):
+        nt.calibrate(model, np.ones(40, np.int64), samples=64, progress=False)
+    with pytest.raises(ValueError, match=r"one sequence \(1-D\)"):
+        nt.calibrate(model, np.ones((2, 64), np.int64), progress=False)
+    with pytest.raises(nvfp4kv.ArgumentError, match="bits"):
+        nt.calibrate(model, np.ones(64, np.int64), samples=64, bits=3, progress=False)
+    assert model.config._attn_implementation == "eager"
+
+
+def test_calibrate_on_the_command_line(tmp_path, capsys):
+    model = tiny("qwen3")
+    model.save_pretrained(tmp_path / "model")
+    np.save(tmp_path / "ids.npy", np.random.default_rng(6).integers(1, 96, 80))
+    out = tmp_path / "cal.json"
+    assert nt.main(["calibrate", "--model", str(tmp_path / "model"), "--tokens", str(tmp_path / "ids.npy"),
+                    "--samples", "64", "--chunk", "32", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "calibrated 2 layers on 64 tokens: 4.50 bits per value" in printed.out
+    assert "nvfp4kv calibrate: [####################] 64/64 tokens" in printed.err
+    assert nvfp4kv.load_calibration(str(out), layers=2, kv_heads=2, head_dim=64)["samples"] == 64
