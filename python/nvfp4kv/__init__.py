@@ -149,19 +149,20 @@ def with_format(layout: Union[Layout, ValidLayout, Plan], format: Any) -> ValidL
 
 def calibrate(samples: Any, bits: float = 4.5, out: Optional[str] = None) -> Dict[str, Any]:
     """A calibration (docs/calibration.md) from post-RoPE K/V samples: ``samples`` is a path to an
-    .npz (numpy.savez) or a mapping of arrays k_0, v_0, k_1, v_1, ... (tokens, kv heads, D), with
-    optional q_0, ... (tokens, q heads, D). Per layer: K/V amax, global scales, the K mean, the
-    error of every NVFP4 mode, and the recommended format for ``bits`` bits per value (FP8 for K on
-    the layers of largest error while the budget allows). Written to ``out`` when given (only
-    after every array was checked); returned as a dict."""
+    .npz (numpy.savez) or a .safetensors file, read as ``nvfp4kv calibrate`` reads it (float32,
+    float16 or bf16: in an .npz bf16 as uint16 bit patterns), or a mapping of arrays k_0, v_0, k_1,
+    v_1, ... (tokens, kv heads, D), with optional q_0, ... (tokens, q heads, D), taken as float32.
+    Per layer: K/V amax, global scales, the K mean, the error of every NVFP4 mode, and the
+    recommended format for ``bits`` bits per value (FP8 for K on the layers of largest error while
+    the budget allows). Written to ``out`` when given (only after every array was checked);
+    returned as a dict. From a transformers model and a text: nvfp4kv.transformers.calibrate."""
     import json as _json
     import numpy as _np
     if isinstance(samples, (str, os.PathLike)):
-        with _np.load(samples, allow_pickle=False) as f:
-            arrays = {name: _np.ascontiguousarray(f[name], dtype=_np.float32) for name in f.files}
+        text = _core._calibrate_file(os.fspath(samples), float(bits))
     else:
         arrays = {str(name): _np.ascontiguousarray(_np.asarray(a), dtype=_np.float32) for name, a in samples.items()}
-    text = _core._calibrate(arrays, float(bits))
+        text = _core._calibrate(arrays, float(bits))
     if out is not None:
         with open(out, "w", encoding="utf-8") as f:
             f.write(text + "\n")

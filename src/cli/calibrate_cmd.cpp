@@ -1,9 +1,8 @@
-// nvfp4kv calibrate: K/V samples (.npz) in, a calibration file out (docs/calibration.md);
+// nvfp4kv calibrate: K/V samples (.npz or .safetensors) in, a calibration file out (docs/calibration.md);
 // the measuring is reference::calibrate's.
 #include <fstream>
 #include <iomanip>
 #include <iostream>
-#include <map>
 
 #include "cli.hpp"
 #include "nvfp4kv/conformance/npy.hpp"
@@ -13,28 +12,19 @@
 namespace nvfp4kv::cli {
 namespace {
 
-constexpr int64_t kMaxSamplesBytes = int64_t(8) << 30;
-
 const CommandSpec& calibrate_spec() {
   static const CommandSpec s{
       "calibrate", "",
       "Measure a model's post-RoPE K/V samples per layer and recommend a per-layer cache format for a budget\n"
       "of bits per value: global scales, K means, each layer's error under every NVFP4 mode, FP8 for K (then V)\n"
       "on the layers of largest error while the budget allows.",
-      {{"samples", "FILE.npz", "arrays k_0, v_0, k_1, v_1, ... (tokens, kv heads, D) per layer, optionally q_0, ... "
-                               "(tokens, q heads, D); float32, float16 or bf16 (numpy.savez)"},
+      {{"samples", "FILE", "arrays k_0, v_0, k_1, v_1, ... (tokens, kv heads, D) per layer, optionally q_0, ... "
+                           "(tokens, q heads, D); float32, float16 or bf16; an .npz (numpy.savez) or a .safetensors file"},
        {"bits", "B", "bits per value to spend, in [4.5, 8] (default 4.5: NVFP4 everywhere)"},
        {"out", "FILE", "the calibration file to write (JSON)"},
        kJsonOption},
       "Nothing is written unless every array is read and checked."};
   return s;
-}
-
-reference::CalibrationSamples read_samples(const std::string& path) {
-  std::map<std::string, reference::SampleArray> arrays;
-  for (conformance::NpzMember& m : conformance::read_npz(path, kMaxSamplesBytes, "--samples"))
-    arrays[m.name] = {m.array.shape, conformance::npy_to_floats(m.array, m.name)};
-  return reference::samples_from_arrays(arrays, "--samples " + path);
 }
 
 }  // namespace
@@ -48,7 +38,7 @@ int run_calibrate(const std::vector<std::string>& argv) {
   if (!a.positional().empty()) throw UsageError("calibrate takes no positional arguments");
   const auto samples_path = a.get("samples");
   const auto out = a.get("out");
-  if (!samples_path || !out) throw UsageError("--samples FILE.npz and --out FILE are required");
+  if (!samples_path || !out) throw UsageError("--samples FILE (.npz or .safetensors) and --out FILE are required");
   double bits = 4.5;
   if (const auto b = a.get("bits")) {
     try {
@@ -60,7 +50,8 @@ int run_calibrate(const std::vector<std::string>& argv) {
     }
   }
   require_writable_path(*out, "--out");
-  const reference::CalibrationSamples samples = read_samples(*samples_path);
+  const reference::CalibrationSamples samples =
+      conformance::read_calibration_samples(*samples_path, "--samples");
   Calibration c;
   {
     StderrProgress progress("calibrate");

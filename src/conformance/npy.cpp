@@ -1,12 +1,14 @@
 #include "nvfp4kv/conformance/npy.hpp"
 
 #include <cstring>
+#include <map>
 #include <fstream>
 #include <sstream>
 
 #include "nvfp4kv/core/error.hpp"
 #include "nvfp4kv/core/files.hpp"
 #include "nvfp4kv/core/layout.hpp"
+#include "../core/strict_json.hpp"
 
 namespace nvfp4kv::conformance {
 namespace {
@@ -238,6 +240,73 @@ std::vector<NpzMember> read_npz(const std::string& path, int64_t max_bytes, cons
   }
   if (out.empty()) throw ArgumentError(name + " is not an .npz file (no zip entries)");
   return out;
+}
+
+std::vector<NpzMember> read_safetensors(const std::string& path, int64_t max_bytes, const std::string& what) {
+  const std::vector<uint8_t> file = read_regular_file(path, max_bytes, what);
+  const std::string name = what + " (" + path + ")";
+  if (file.size() < 8) throw ArgumentError(name + " is not a .safetensors file (shorter than its 8-byte header length)");
+  const uint64_t header = le64(file.data());
+  constexpr uint64_t kMaxHeader = uint64_t(100) << 20;  // what the format's own readers accept
+  if (header > file.size() - 8 || header > kMaxHeader)
+    throw ArgumentError(name + " is not a .safetensors file: its header length " + std::to_string(header) +
+                        " runs past the file's " + std::to_string(file.size()) + " bytes (or past 100 MiB)");
+  const std::string_view text(reinterpret_cast<const char*>(file.data() + 8), size_t(header));
+  const nlohmann::json doc = detail::parse_json_strict(text, {"safetensors header", size_t(header) + 1, 8, false});
+  if (!doc.is_object()) throw ArgumentError(name + ": the header is not a JSON object");
+  const uint64_t data = 8 + header, data_bytes = file.size() - data;
+  std::vector<NpzMember> out;
+  for (const auto& [key, t] : doc.items()) {
+    if (key == "__metadata__") continue;
+    const std::string where = name + ": tensor " + quote_text(key);
+    const auto has = [&](const char* field) { return t.is_object() && t.contains(field); };
+    if (!has("dtype") || !has("shape") || !has("data_offsets") || !t["dtype"].is_string() || !t["shape"].is_array() ||
+        !t["data_offsets"].is_array() || t["data_offsets"].size() != 2)
+      throw ArgumentError(where + " needs \"dtype\" (a string), \"shape\" and \"data_offsets\" (two numbers)");
+    const std::string dtype = t["dtype"].get<std::string>();
+    NpyArray a;
+    if (dtype == "F32") a.descr = "<f4";
+    else if (dtype == "F16") a.descr = "<f2";
+    else if (dtype == "BF16") a.descr = "<u2";  // bf16 bit patterns, as npy_to_floats takes them
+    else throw ArgumentError(where + " has dtype " + quote_text(dtype) + "; samples are F32, F16 or BF16");
+    uint64_t elements = 1;
+    for (const nlohmann::json& d : t["shape"]) {
+      if (!d.is_number_unsigned()) throw ArgumentError(where + ": shape entries must be non-negative integers");
+      const uint64_t extent = d.get<uint64_t>();
+      if (extent > 0 && elements > data_bytes / extent)
+        throw ArgumentError(where + ": its shape holds more elements than the file has bytes");
+      elements *= extent;
+      a.shape.push_back(int64_t(extent));
+    }
+    const nlohmann::json& off = t["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      throw ArgumentError(where + ": data_offsets must be non-negative integers");
+    const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+    if (begin > end || end > data_bytes)
+      throw ArgumentError(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                          ") lie outside the " + std::to_string(data_bytes) + " bytes of data");
+    if (end - begin != elements * uint64_t(a.item_bytes()))
+      throw ArgumentError(where + ": shape and dtype need " + std::to_string(elements * uint64_t(a.item_bytes())) +
+                          " bytes, data_offsets give " + std::to_string(end - begin));
+    a.bytes.assign(file.begin() + int64_t(data + begin), file.begin() + int64_t(data + end));
+    out.push_back({key, std::move(a)});
+  }
+  if (out.empty()) throw ArgumentError(name + " holds no tensors");
+  return out;
+}
+
+std::vector<NpzMember> read_array_file(const std::string& path, int64_t max_bytes, const std::string& what) {
+  const std::string_view ext = ".safetensors";
+  if (path.size() >= ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0)
+    return read_safetensors(path, max_bytes, what);
+  return read_npz(path, max_bytes, what);
+}
+
+reference::CalibrationSamples read_calibration_samples(const std::string& path, const std::string& what) {
+  std::map<std::string, reference::SampleArray> arrays;
+  for (NpzMember& m : read_array_file(path, kMaxSampleFileBytes, what))
+    arrays[m.name] = {m.array.shape, npy_to_floats(m.array, m.name)};
+  return reference::samples_from_arrays(arrays, what + " " + path);
 }
 
 NpyArray npy_f32(const std::vector<float>& v, std::vector<int64_t> shape) { return npy_of(v, "<f4", std::move(shape)); }

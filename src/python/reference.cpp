@@ -9,6 +9,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "nvfp4kv/conformance/npy.hpp"
 #include "nvfp4kv/core/global_scale.hpp"
 #include "nvfp4kv/reference/calibrate.hpp"
 #include "nvfp4kv/reference/quantize.hpp"
@@ -61,6 +62,13 @@ void bind_reference(nb::module_& m) {
         return calibration_to_json(reference::calibrate(reference::samples_from_arrays(arrays, "samples"), bits));
       },
       "arrays"_a, "bits"_a, "Calibration JSON from named float32 arrays k_L, v_L (and q_L).");
+  m.def(
+      "_calibrate_file",
+      [](const std::string& path, double bits) {
+        nb::gil_scoped_release unlocked;
+        return calibration_to_json(reference::calibrate(conformance::read_calibration_samples(path, "samples"), bits));
+      },
+      "path"_a, "bits"_a, "Calibration JSON from an .npz or .safetensors file of samples (as nvfp4kv calibrate reads it).");
   m.def(
       "_load_calibration",
       [](const std::string& path, int64_t layers, int64_t heads, int64_t head_dim) {

@@ -25,6 +25,27 @@ def samples(layers=3, tokens=128, heads=2, dim=64, seed=0):
     return out
 
 
+def bf16_bits(x):
+    """float32 -> bf16 bit patterns (round to nearest even) as uint16, and the values they hold."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return bits, (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def write_safetensors(path, tensors, header_extra=None):
+    """A .safetensors file written by hand (the format: an 8-byte little-endian header length, a
+    JSON header of dtype, shape and data offsets per tensor, the data): {name: (dtype, array)}."""
+    header, blobs, at = {"__metadata__": {"by": "test"}}, [], 0
+    for name, (dtype, a) in tensors.items():
+        raw = np.ascontiguousarray(a).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [at, at + len(raw)]}
+        blobs.append(raw)
+        at += len(raw)
+    header.update(header_extra or {})
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + b"".join(blobs))
+
+
 def cli():
     exe = os.path.join(sysconfig.get_path("scripts"), "nvfp4kv")
     return exe if os.path.exists(exe) else shutil.which("nvfp4kv")
@@ -74,8 +95,37 @@ def test_bad_samples_and_files_are_refused_and_nothing_is_written(tmp_path):
             nvfp4kv.load_calibration(str(path))
 
 
+def test_sample_files_read_as_the_arrays_they_hold(tmp_path):
+    arrays = samples(layers=2)
+    kbits, kvalues = bf16_bits(arrays["k_1"])       # layer 1's K in bf16,
+    vhalf = arrays["v_1"].astype(np.float16)        # its V in float16
+    held = dict(arrays, k_1=kvalues, v_1=vhalf.astype(np.float32))
+    want = nvfp4kv.calibrate(held)
+    write_safetensors(tmp_path / "s.safetensors", {"k_0": ("F32", arrays["k_0"]), "v_0": ("F32", arrays["v_0"]),
+                                                   "k_1": ("BF16", kbits), "v_1": ("F16", vhalf)})
+    assert nvfp4kv.calibrate(tmp_path / "s.safetensors") == want
+    np.savez(tmp_path / "s.npz", k_0=arrays["k_0"], v_0=arrays["v_0"], k_1=kbits, v_1=vhalf)  # bf16 as '<u2'
+    assert nvfp4kv.calibrate(str(tmp_path / "s.npz")) == want
+    # Broken files are refused naming the tensor; nothing is written.
+    out = tmp_path / "x.json"
+    cases = [({"k_0": ("I32", arrays["k_0"].view(np.int32))}, r'tensor "k_0" has dtype "I32"; samples are F32, F16 or BF16'),
+             ({"k_0": ("F32", arrays["k_0"][:10])}, r"missing v_0"),
+             ({"k_0": ("F32", arrays["k_0"])}, r'tensor "k_0": shape and dtype need 65536 bytes, data_offsets give 4'),
+             ({"k_0": ("F32", arrays["k_0"])}, r'tensor "k_0": data_offsets \[0, 99999999\) lie outside')]
+    extras = [None, None, {"k_0": {"dtype": "F32", "shape": [128, 2, 64], "data_offsets": [0, 4]}},
+              {"k_0": {"dtype": "F32", "shape": [128, 2, 64], "data_offsets": [0, 99999999]}}]
+    for (tensors, message), extra in zip(cases, extras):
+        write_safetensors(tmp_path / "b.safetensors", tensors, extra)
+        with pytest.raises(nvfp4kv.ArgumentError, match=message):
+            nvfp4kv.calibrate(tmp_path / "b.safetensors", out=str(out))
+    (tmp_path / "t.safetensors").write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
+    with pytest.raises(nvfp4kv.ArgumentError, match="is not a .safetensors file: its header length 1099511627776"):
+        nvfp4kv.calibrate(tmp_path / "t.safetensors", out=str(out))
+    assert not out.exists()
+
+
 @pytest.mark.skipif(cli() is None, reason="the nvfp4kv command is not installed here")
-def test_the_cli_reads_npz_checks_shapes_and_agrees_with_python(tmp_path):
+def test_the_cli_reads_npz_and_safetensors_checks_shapes_and_agrees_with_python(tmp_path):
     exe = cli()
     arrays = samples()
     np.savez(tmp_path / "s.npz", **arrays)
@@ -84,6 +134,10 @@ def test_the_cli_reads_npz_checks_shapes_and_agrees_with_python(tmp_path):
     assert run.returncode == 0, run.stderr
     want = nvfp4kv.calibrate(arrays, bits=5)
     assert json.loads((tmp_path / "cli.json").read_text()) == want
+    write_safetensors(tmp_path / "s.safetensors", {name: ("F32", a) for name, a in arrays.items()})
+    run = subprocess.run([exe, "calibrate", "--samples", str(tmp_path / "s.safetensors"), "--bits", "5",
+                          "--out", str(tmp_path / "st.json")], capture_output=True, text=True)
+    assert run.returncode == 0 and json.loads((tmp_path / "st.json").read_text()) == want, run.stderr
     np.savez_compressed(tmp_path / "c.npz", **arrays)
     bad = dict(arrays, q_0=arrays["k_0"])  # q for one layer only
     np.savez(tmp_path / "b.npz", **bad)

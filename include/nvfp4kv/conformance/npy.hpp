@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "nvfp4kv/core/half.hpp"
+#include "nvfp4kv/reference/calibrate.hpp"
 
 namespace nvfp4kv::conformance {
 
@@ -41,6 +42,22 @@ struct NpzMember {
   NpyArray array;
 };
 std::vector<NpzMember> read_npz(const std::string& path, int64_t max_bytes, const std::string& what);
+
+// The tensors of a .safetensors file (an 8-byte little-endian header length, a JSON header of
+// {name: {dtype, shape, data_offsets}}, then the data), by name; F32, F16 and BF16 only, each as
+// an NpyArray ('<f4', '<f2', and bf16 as '<u2' bit patterns) that npy_to_floats reads. The file
+// (at most max_bytes) is read whole. Throws Error naming the file and the tensor: a header past
+// the file or 100 MiB, a malformed header, another dtype, a shape that does not match its bytes,
+// offsets outside the data.
+std::vector<NpzMember> read_safetensors(const std::string& path, int64_t max_bytes, const std::string& what);
+// read_safetensors for a path ending in ".safetensors", read_npz for any other.
+std::vector<NpzMember> read_array_file(const std::string& path, int64_t max_bytes, const std::string& what);
+
+// Calibration samples (k_L, v_L, optionally q_L) from an .npz or a .safetensors file
+// (read_array_file, at most kMaxSampleFileBytes), checked by name and shape
+// (reference::samples_from_arrays). The CLI and the Python package read them through this.
+inline constexpr int64_t kMaxSampleFileBytes = int64_t(8) << 30;
+reference::CalibrationSamples read_calibration_samples(const std::string& path, const std::string& what);
 
 NpyArray npy_f32(const std::vector<float>& values, std::vector<int64_t> shape);
 NpyArray npy_i32(const std::vector<int32_t>& values, std::vector<int64_t> shape);
