@@ -243,9 +243,10 @@ class PolicyCache(DynamicCache):
         rows = x.transpose(1, 2).to(torch.bfloat16).float().reshape(-1, h, d).cpu().numpy()
         mu = self.mu[layer] if side == 0 else np.zeros((h, d), np.float32)
         rows = rows - mu  # one float32 rounding per element (zero rows where the layer does not smooth)
-        if f["element"] == "fp8_e4m3":
-            y = torch.from_numpy(rows / np.float32(gs)).clamp(-448, 448).to(torch.float8_e4m3fn).double() * gs
-            back = y.numpy() + mu
+        if f["element"] == "fp8_e4m3":  # core/transform.hpp: e4m3(x * (1 / scale)), back as e4m3 * scale
+            inv = np.float32(1) / np.float32(gs)
+            codes = torch.from_numpy(rows * inv).clamp(-448, 448).to(torch.float8_e4m3fn)
+            back = (codes.float() * torch.tensor(gs, dtype=torch.float32)).double().numpy() + mu
         else:
             n = _rotation_block(f.get("rotation"), d)
             if n:  # core/transform.hpp's hadamard_scale: 2^-(k/2), times float(1/sqrt(2)) for odd k

@@ -31,7 +31,8 @@ LABELS = {
     "policy-4.5-sim": "calibrated per-layer policy at 4.5 bits (simulated; = the calibrated row)",
     "policy-5.3-sim": "calibrated per-layer policy, <= 5.3 bits: FP8 K/V in the most sensitive layers (simulated)",
     "policy-6-sim": "calibrated per-layer policy, <= 6 bits: FP8 K/V in the most sensitive layers (simulated)",
-    "nvfp4-first-bf16": "NVFP4 with each window's first token in BF16 (simulated)",
+    "nvfp4-first-bf16": "NVFP4 with each window's first token in BF16 (simulated; its side region, +11.5/L bits "
+                        "per value at context L, not counted)",
     "quanto-int4": "transformers QuantizedCache quanto int4",
     "quanto-int2": "transformers QuantizedCache quanto int2",
     "hqq-4": "transformers QuantizedCache HQQ 4-bit",
@@ -50,7 +51,7 @@ def label(r, row: str) -> str:
     activations', float32 where the run asked for it)."""
     if row == "bf16" and r.get("dtype", "bfloat16") != "bfloat16":
         return "%s KV, unquantized (reference)" % {"float32": "FP32", "float16": "FP16"}.get(r["dtype"], r["dtype"])
-    return label(r, row)
+    return LABELS.get(row, row)
 
 
 def model_name(r) -> str:
@@ -74,7 +75,7 @@ def table(r) -> str:
            "and K's mean per layer, KV head and channel over %d tokens of the "
            "Debian Reference (debian-reference-en), text never evaluated on.%s" % (
                r["calibration"]["tokens"], " Every window begins with BOS (id %d), as the tokenizer begins a text, "
-               "followed by the text's next tokens." % r["inputs"]["bos"] if r["inputs"].get("bos") is not None else ""),
+               "followed by the text's next tokens." % r["inputs"]["bos"] if r.get("inputs", {}).get("bos") is not None else ""),
            "KL: KL(P_ref || P_row) of the next-token distributions against the reference row (K/V unquantized, "
            "in the activations' precision), per predicted token; top-1: the same most likely next token as the "
            "reference row; bits per value: of the stored form, the reference counted as 16. Bytes per token: all layers, K and V, data and scales (quanto and "
@@ -94,7 +95,7 @@ def table(r) -> str:
         cut = "" if per.get("windows_planned", windows) == windows else " of %d planned" % per["windows_planned"]
         out += ["", "**Context %s** (%d windows%s, %d predicted tokens per row, chunks of %d; %.0f s)" %
                 (ctx, windows, cut, per["bf16"]["tokens"], r["chunk"], per["seconds"]), "",
-                "| row | bits / value | cache bytes / token | perplexity | vs BF16 | mean KL | p99 KL | top-1 agreement |",
+                "| row | bits / value | cache bytes / token | perplexity | vs reference | mean KL | p99 KL | top-1 agreement |",
                 "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for row in [x for x in rows if x in per]:
             m = per[row]
@@ -115,7 +116,7 @@ def table(r) -> str:
         n = g["bf16"]["prompts"]
         out += ["", "**Greedy generation** (%d prompts left-padded into one batch, %d new tokens each)" %
                 (n, g["new_tokens"]), "",
-                "| row | tokens before the first difference from BF16 | continuations identical to BF16 |",
+                "| row | tokens before the first difference from the reference | continuations identical to the reference |",
                 "|---|---:|---:|"]
         for row in [x for x in rows if x in g]:
             m = g[row]
@@ -149,7 +150,7 @@ def plot(r, path: str) -> None:
                 k.append(name)
     left.set_yscale("log")
     left.set_xlabel("bits per stored K/V value (data and scales)")
-    left.set_ylabel("mean KL divergence from BF16 KV (nats)")
+    left.set_ylabel("mean KL divergence from the unquantized reference (nats)")
     left.set_title("What each KV format costs: next-token KL")
     left.grid(True, which="both", alpha=0.3)
     left.legend()
@@ -162,7 +163,7 @@ def plot(r, path: str) -> None:
     right.set_xticks([j + width * (len(contexts) - 1) / 2 for j in range(len(rows))])
     right.set_xticklabels(rows, rotation=30, ha="right", fontsize=8)
     right.set_yscale("symlog", linthresh=1)
-    right.set_ylabel("perplexity increase over BF16 KV (%)")
+    right.set_ylabel("perplexity increase over the reference (%)")
     right.set_title("Perplexity (chunked prefill of %d)" % r["chunk"])
     right.grid(True, axis="y", alpha=0.3)
     right.legend()

@@ -158,10 +158,21 @@ def calibrate(samples: Any, bits: float = 4.5, out: Optional[str] = None) -> Dic
     returned as a dict. From a transformers model and a text: nvfp4kv.transformers.calibrate."""
     import json as _json
     import numpy as _np
+    if not 4.5 <= float(bits) <= 8.0:  # before any file is read or array copied
+        raise ArgumentError("calibrate: --bits: a budget of bits per value in [4.5, 8] (NVFP4 to FP8), got %g"
+                            % float(bits))
     if isinstance(samples, (str, os.PathLike)):
         text = _core._calibrate_file(os.fspath(samples), float(bits))
     else:
-        arrays = {str(name): _np.ascontiguousarray(_np.asarray(a), dtype=_np.float32) for name, a in samples.items()}
+        arrays = {}
+        for name, a in samples.items():
+            if hasattr(a, "detach"):  # a PyTorch tensor, bfloat16 included
+                a = a.detach().float().cpu().numpy()
+            a = _np.asarray(a)
+            if a.dtype.kind != "f" and a.dtype.name != "bfloat16":  # ml_dtypes' bfloat16 converts exactly
+                raise ArgumentError("calibrate: %s holds %s values; arrays are float32, float16 or bfloat16 (bf16 bit "
+                                    "patterns as uint16 are read from files, not from arrays)" % (name, a.dtype))
+            arrays[str(name)] = _np.ascontiguousarray(a, dtype=_np.float32)
         text = _core._calibrate(arrays, float(bits))
     if out is not None:
         with open(out, "w", encoding="utf-8") as f:

@@ -34,7 +34,6 @@ import numpy as np
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface, DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import nvfp4kv
 
@@ -446,8 +445,11 @@ AttentionMaskInterface.register(NAME, padding_mask)
 
 # ---- calibration from a model and a text ------------------------------------------------------
 CALIBRATE_NAME = "nvfp4kv_calibrate"
-"""The attn_implementation ``calibrate`` runs the model with: PyTorch's SDPA, recording each layer's
+"""The attn_implementation ``calibrate`` runs the model with: each attention module's own eager
+attention (the model's exact semantics: soft-capping, sinks, windows), recording each layer's
 post-RoPE queries on the way."""
+CALIBRATION_TOKENS = 2048
+"""Tokens per layer nvfp4kv.calibrate measures (the first ones of the samples)."""
 
 
 class _SampleCache(DynamicCache):
@@ -465,22 +467,33 @@ class _SampleCache(DynamicCache):
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
+def _eager_of(module: torch.nn.Module):
+    """The eager attention function of the model family ``module`` belongs to (each modeling file
+    defines its own: soft-capping and sinks live there), or None."""
+    return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+
+
 def _record_queries(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: Any, scaling: Optional[float] = None, **kwargs):
     """The attention function registered as "nvfp4kv_calibrate": records query (sequence 0) for
     ``module.layer_idx``, scaled so that q.k / sqrt(D) is the model's own logit (its scaling may be
-    another than 1/sqrt(D): Gemma's query_pre_attn_scalar), then runs SDPA."""
+    another than 1/sqrt(D): Gemma's query_pre_attn_scalar), then runs the module's own eager
+    attention."""
     pieces = getattr(_state, "calibration", None)
     if pieces is not None:
         dim = query.shape[-1]
         factor = 1.0 if scaling is None else float(scaling) * math.sqrt(dim)
         pieces.setdefault("q_%d" % int(module.layer_idx), []).append(
             (query[0].transpose(0, 1).float() * factor).cpu().numpy())
-    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    eager = _eager_of(module)
+    if eager is None:
+        raise nvfp4kv.UnsupportedError("calibrate: %s has no eager_attention_forward in %s to run the model with"
+                                       % (type(module).__name__, type(module).__module__))
+    return eager(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
 
 
 AttentionInterface.register(CALIBRATE_NAME, _record_queries)
-AttentionMaskInterface.register(CALIBRATE_NAME, AttentionMaskInterface._global_mapping["sdpa"])
+AttentionMaskInterface.register(CALIBRATE_NAME, AttentionMaskInterface._global_mapping["eager"])
 
 
 class _Progress:
@@ -504,40 +517,46 @@ class _Progress:
             sys.stderr.flush()
 
 
-def calibrate(model: Any, tokens: Any = None, *, text: Optional[str] = None, tokenizer: Any = None,
-              bits: float = 4.5, samples: int = 2048, chunk: int = 512, out: Optional[str] = None,
-              progress: bool = True) -> Dict[str, Any]:
+def calibrate(model: Any, tokens: Any = None, *, text: Union[str, "os.PathLike[str]", None] = None,
+              tokenizer: Any = None, bits: float = 4.5, samples: int = CALIBRATION_TOKENS, chunk: int = 512,
+              out: Optional[str] = None, progress: bool = True) -> Dict[str, Any]:
     """A calibration file (docs/calibration.md) for ``model`` from a text: the model runs over the
-    first ``samples`` tokens as one sequence (in chunks of ``chunk``, with PyTorch's SDPA), its
-    post-RoPE K, V and queries of every layer are recorded, and ``nvfp4kv.calibrate`` measures
-    them (the model's own queries probe each mode's attention error, not the keys' stand-in).
+    first ``samples`` tokens as one sequence (in chunks of ``chunk``, through each layer's own eager
+    attention), its post-RoPE K, V and queries of every layer are recorded, and ``nvfp4kv.calibrate``
+    measures them (the model's own queries probe each mode's attention error, not the keys' stand-in).
 
     tokens:     the token ids, a 1-D sequence (list, NumPy or PyTorch), or
-    text:       a string (or a path to a UTF-8 file) with ``tokenizer``: its ids as the tokenizer
-                gives them (BOS first where it adds one).
-    bits:       bits per value to spend ([4.5, 8]); samples: tokens measured (>= 16).
+    text:       the text itself (a str), or a file's path (a pathlib.Path), with ``tokenizer``: its
+                ids as the tokenizer gives them (BOS first where it adds one).
+    bits:       bits per value to spend ([4.5, 8]); samples: tokens measured (16 to 2048).
     out:        where to write the file (only once everything was measured and checked).
     progress:   a progress line on stderr.
-    Returns the calibration as a dict; ``KVCache(config, calibration=out, ...)`` takes the file."""
+    Everything is checked before the model runs. Returns the calibration as a dict;
+    ``KVCache(config, calibration=out, ...)`` takes the file."""
     if (tokens is None) == (text is None):
         raise ValueError("calibrate: give exactly one of tokens= and text= (with tokenizer=)")
+    if not 4.5 <= float(bits) <= 8.0:
+        raise nvfp4kv.ArgumentError("calibrate: bits: a budget of bits per value in [4.5, 8] (NVFP4 to FP8), got %g"
+                                    % float(bits))
+    samples, chunk = int(samples), int(chunk)
+    if not 16 <= samples <= CALIBRATION_TOKENS or chunk < 1:
+        raise ValueError("calibrate: samples must be in [16, %d] (what is measured) and chunk >= 1, got %d and %d"
+                         % (CALIBRATION_TOKENS, samples, chunk))
     if text is not None:
         if tokenizer is None:
             raise ValueError("calibrate: text= needs tokenizer= (the model's)")
-        if os.path.isfile(text):
+        if isinstance(text, os.PathLike):
             with open(text, encoding="utf-8") as f:
                 text = f.read()
         ids = np.asarray(tokenizer(text).input_ids, np.int64)
+        what = "the text has %d tokens" % ids.size
     else:
         ids = np.asarray(tokens.cpu() if isinstance(tokens, torch.Tensor) else tokens, np.int64)
+        what = "tokens= holds %d ids" % ids.size
     if ids.ndim != 1:
         raise ValueError("calibrate: tokens must be one sequence (1-D), got shape %s" % (ids.shape,))
-    samples, chunk = int(samples), int(chunk)
-    if samples < 16 or chunk < 1:
-        raise ValueError("calibrate: samples must be >= 16 and chunk >= 1, got %d and %d" % (samples, chunk))
     if ids.size < samples:
-        raise ValueError("calibrate: the text has %d tokens; %d are measured (give more text or fewer samples=)"
-                         % (ids.size, samples))
+        raise ValueError("calibrate: %s; %d are measured (give more text or fewer samples=)" % (what, samples))
     ids = torch.from_numpy(ids[:samples]).to(model.device)
     layers, _, _ = _kv_dims(model.config)
     pieces: Dict[str, List[np.ndarray]] = {}
@@ -578,7 +597,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     c.add_argument("--text", help="a UTF-8 text file (tokenized by the model's tokenizer)")
     c.add_argument("--tokens", help="instead of --text: a .npy of token ids (1-D)")
     c.add_argument("--bits", type=float, default=4.5, help="bits per value to spend, in [4.5, 8] (default 4.5)")
-    c.add_argument("--samples", type=int, default=2048, help="tokens measured (default 2048)")
+    c.add_argument("--samples", type=int, default=CALIBRATION_TOKENS, help="tokens measured, 16 to 2048 (default 2048)")
     c.add_argument("--chunk", type=int, default=512, help="tokens per forward pass (default 512)")
     c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     c.add_argument("--out", required=True, help="the calibration file to write (JSON)")
@@ -589,8 +608,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     extra = {"gguf_file": args.gguf_file} if args.gguf_file else {}
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype), **extra).eval()
     if args.text is not None:
+        with open(args.text, encoding="utf-8") as f:  # a mistyped path fails here, not as a 3-token text
+            text = f.read()
         tokenizer = AutoTokenizer.from_pretrained(args.model, **extra)
-        result = calibrate(model, text=args.text, tokenizer=tokenizer, bits=args.bits, samples=args.samples,
+        result = calibrate(model, text=text, tokenizer=tokenizer, bits=args.bits, samples=args.samples,
                            chunk=args.chunk, out=args.out)
     else:
         result = calibrate(model, np.load(args.tokens, allow_pickle=False), bits=args.bits, samples=args.samples,

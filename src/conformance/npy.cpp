@@ -252,7 +252,8 @@ std::vector<NpzMember> read_safetensors(const std::string& path, int64_t max_byt
     throw ArgumentError(name + " is not a .safetensors file: its header length " + std::to_string(header) +
                         " runs past the file's " + std::to_string(file.size()) + " bytes (or past 100 MiB)");
   const std::string_view text(reinterpret_cast<const char*>(file.data() + 8), size_t(header));
-  const nlohmann::json doc = detail::parse_json_strict(text, {"safetensors header", size_t(header) + 1, 8, false});
+  const std::string root = name + " header";
+  const nlohmann::json doc = detail::parse_json_strict(text, {root, size_t(header) + 1, 8, false});
   if (!doc.is_object()) throw ArgumentError(name + ": the header is not a JSON object");
   const uint64_t data = 8 + header, data_bytes = file.size() - data;
   std::vector<NpzMember> out;
@@ -273,7 +274,7 @@ std::vector<NpzMember> read_safetensors(const std::string& path, int64_t max_byt
     for (const nlohmann::json& d : t["shape"]) {
       if (!d.is_number_unsigned()) throw ArgumentError(where + ": shape entries must be non-negative integers");
       const uint64_t extent = d.get<uint64_t>();
-      if (extent > 0 && elements > data_bytes / extent)
+      if (extent > data_bytes || (extent > 0 && elements > data_bytes / extent))
         throw ArgumentError(where + ": its shape holds more elements than the file has bytes");
       elements *= extent;
       a.shape.push_back(int64_t(extent));
@@ -296,10 +297,14 @@ std::vector<NpzMember> read_safetensors(const std::string& path, int64_t max_byt
 }
 
 std::vector<NpzMember> read_array_file(const std::string& path, int64_t max_bytes, const std::string& what) {
-  const std::string_view ext = ".safetensors";
-  if (path.size() >= ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0)
-    return read_safetensors(path, max_bytes, what);
-  return read_npz(path, max_bytes, what);
+  // By content: an .npz is a zip (its first bytes "PK\3\4"), anything else is read as safetensors.
+  char magic[4] = {};
+  {
+    std::ifstream f(path, std::ios::binary);
+    f.read(magic, 4);
+  }
+  if (std::memcmp(magic, "PK\3\4", 4) == 0) return read_npz(path, max_bytes, what);
+  return read_safetensors(path, max_bytes, what);
 }
 
 reference::CalibrationSamples read_calibration_samples(const std::string& path, const std::string& what) {

@@ -75,7 +75,8 @@ CalibrationSamples samples_from_arrays(const std::map<std::string, SampleArray>&
   while (arrays.count("k_" + std::to_string(s.layers))) ++s.layers;
   const auto fail = [&](const std::string& why) { throw ArgumentError(what + ": " + why); };
   if (s.layers == 0) fail("no array k_0 (expected k_0, v_0, k_1, v_1, ... one pair per layer)");
-  const bool with_q = arrays.count("q_0") > 0;
+  // Queries in one layer mean queries in every layer: a stray q_L without q_0 is reported as q_0 missing.
+  const bool with_q = std::any_of(arrays.begin(), arrays.end(), [](const auto& a) { return a.first.rfind("q_", 0) == 0; });
   const auto dims = [](const std::vector<int64_t>& sh) {
     std::string t;
     for (int64_t x : sh) t += (t.empty() ? "" : ", ") + std::to_string(x);

@@ -121,7 +121,35 @@ def test_sample_files_read_as_the_arrays_they_hold(tmp_path):
     (tmp_path / "t.safetensors").write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
     with pytest.raises(nvfp4kv.ArgumentError, match="is not a .safetensors file: its header length 1099511627776"):
         nvfp4kv.calibrate(tmp_path / "t.safetensors", out=str(out))
+    for header, message in [(b'{"k_0": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "k_0": {}}',
+                             r'b.safetensors\) header: key "k_0" appears twice'),
+                            (b'[1, 2]', "the header is not a JSON object"),
+                            (b'{"k_0": {"dtype": "F32", "shape": [0, 18446744073709551615, 64], "data_offsets": [0, 0]}}',
+                             "its shape holds more elements than the file has bytes"),
+                            (b'{"k_0": {"dtype": "F32", "shape": [1.5], "data_offsets": [0, 4]}}',
+                             "shape entries must be non-negative integers")]:
+        (tmp_path / "b.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(4))
+        with pytest.raises(nvfp4kv.ArgumentError, match=message):
+            nvfp4kv.calibrate(tmp_path / "b.safetensors", out=str(out))
+    stray = dict(arrays, q_1=arrays["k_1"])  # queries for one layer only, not layer 0
+    write_safetensors(tmp_path / "q.safetensors", {name: ("F32", a) for name, a in stray.items()})
+    with pytest.raises(nvfp4kv.ArgumentError, match="missing q_0"):
+        nvfp4kv.calibrate(tmp_path / "q.safetensors", out=str(out))
     assert not out.exists()
+    # A file as the safetensors package writes it (its header padded), whatever its name.
+    st = pytest.importorskip("safetensors.numpy", reason="the safetensors package writes the reference file")
+    st.save_file({name: a for name, a in held.items()}, str(tmp_path / "samples.bin"))
+    assert nvfp4kv.calibrate(tmp_path / "samples.bin") == want
+
+
+def test_arrays_in_a_mapping_are_floats():
+    arrays = samples(layers=2)
+    kbits, kvalues = bf16_bits(arrays["k_1"])
+    with pytest.raises(nvfp4kv.ArgumentError, match="k_1 holds uint16 values; arrays are float32, float16 or bfloat16"):
+        nvfp4kv.calibrate(dict(arrays, k_1=kbits))
+    torch = pytest.importorskip("torch", reason="PyTorch tensors in the mapping")
+    as_torch = dict(arrays, k_1=torch.from_numpy(kvalues).to(torch.bfloat16))  # exact: the values are bf16's
+    assert nvfp4kv.calibrate(as_torch) == nvfp4kv.calibrate(dict(arrays, k_1=kvalues))
 
 
 @pytest.mark.skipif(cli() is None, reason="the nvfp4kv command is not installed here")

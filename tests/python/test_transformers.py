@@ -391,19 +391,51 @@ def test_calibrate_from_a_model_records_what_its_attention_computes(tmp_path, mo
     assert cache.writer.global_scales[0][0] == cal["per_layer"][0]["k_global_scale"]
 
 
-def test_calibrate_refuses_what_it_cannot_measure():
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss"])
+def test_calibrate_runs_the_model_as_its_own_attention_does(family):
+    # Gemma 2's soft-capping and gpt-oss's sinks live in each family's eager attention: the
+    # calibration run must go through it, or every layer after the first sees other K/V.
+    model = tiny(family)
+    seen = {}
+    real = nvfp4kv.calibrate
+    ids = np.random.default_rng(7).integers(1, 96, 64)
+    try:
+        nvfp4kv.calibrate = lambda arrays, **kw: seen.update(arrays) or real(arrays, **kw)
+        nt.calibrate(model, ids, samples=64, chunk=24, progress=False)
+    finally:
+        nvfp4kv.calibrate = real
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(torch.from_numpy(ids)[None], past_key_values=cache, use_cache=True)  # eager, in one pass
+    for layer in range(2):  # a sliding layer's cache keeps its window's last tokens only
+        want = cache.layers[layer].keys[0].transpose(0, 1).numpy()
+        got = seen["k_%d" % layer][-want.shape[0]:]
+        assert np.abs(got - want).max() < 1e-4 * np.abs(want).max(), layer
+    assert want.shape[0] == 64  # layer 1 is global: every K, after layer 0's attention
+
+
+def test_calibrate_refuses_what_it_cannot_measure(tmp_path):
     model = tiny("llama")
     with pytest.raises(ValueError, match="exactly one of tokens= and text="):
         nt.calibrate(model)
     with pytest.raises(ValueError, match="text= needs tokenizer="):
         nt.calibrate(model, text="some words")
-    with pytest.raises(ValueError, match="the text has 40 tokens; 64 are measured"):
+    with pytest.raises(ValueError, match="tokens= holds 40 ids; 64 are measured"):
         nt.calibrate(model, np.ones(40, np.int64), samples=64, progress=False)
     with pytest.raises(ValueError, match=r"one sequence \(1-D\)"):
         nt.calibrate(model, np.ones((2, 64), np.int64), progress=False)
-    with pytest.raises(nvfp4kv.ArgumentError, match="bits"):
+    with pytest.raises(nvfp4kv.ArgumentError, match=r"bits per value in \[4.5, 8\]"):
         nt.calibrate(model, np.ones(64, np.int64), samples=64, bits=3, progress=False)
+    with pytest.raises(ValueError, match=r"samples must be in \[16, 2048\]"):
+        nt.calibrate(model, np.ones(4096, np.int64), samples=4096, progress=False)
+    with pytest.raises(FileNotFoundError):  # a path is a pathlib.Path; a str is the text itself
+        nt.calibrate(model, text=tmp_path / "missing.txt", tokenizer=lambda t: None)
     assert model.config._attn_implementation == "eager"
+    # A forward that fails partway leaves the model's attention as it was (here SDPA).
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(IndexError):
+        nt.calibrate(model, np.full(64, 500, np.int64), samples=64, chunk=16, progress=False)  # ids past the vocabulary
+    assert model.config._attn_implementation == "sdpa"
 
 
 def test_calibrate_on_the_command_line(tmp_path, capsys):

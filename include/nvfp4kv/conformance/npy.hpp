@@ -48,9 +48,10 @@ std::vector<NpzMember> read_npz(const std::string& path, int64_t max_bytes, cons
 // an NpyArray ('<f4', '<f2', and bf16 as '<u2' bit patterns) that npy_to_floats reads. The file
 // (at most max_bytes) is read whole. Throws Error naming the file and the tensor: a header past
 // the file or 100 MiB, a malformed header, another dtype, a shape that does not match its bytes,
-// offsets outside the data.
+// offsets outside the data. Each tensor is read by its own offsets (tensors that overlap or leave
+// gaps, which the format's writers never produce, are not refused).
 std::vector<NpzMember> read_safetensors(const std::string& path, int64_t max_bytes, const std::string& what);
-// read_safetensors for a path ending in ".safetensors", read_npz for any other.
+// read_npz for a zip (an .npz: the file begins with "PK\3\4"), read_safetensors for anything else.
 std::vector<NpzMember> read_array_file(const std::string& path, int64_t max_bytes, const std::string& what);
 
 // Calibration samples (k_L, v_L, optionally q_L) from an .npz or a .safetensors file
