@@ -257,7 +257,10 @@ std::vector<NpzMember> read_safetensors(const std::string& path, int64_t max_byt
   if (!doc.is_object()) throw ArgumentError(name + ": the header is not a JSON object");
   const uint64_t data = 8 + header, data_bytes = file.size() - data;
   std::vector<NpzMember> out;
-  for (const auto& [key, t] : doc.items()) {
+  for (const auto& item : doc.items()) {
+    // Named copies, not structured bindings: a lambda below captures them (clang refuses bindings there).
+    const std::string key = item.key();
+    const nlohmann::json& t = item.value();
     if (key == "__metadata__") continue;
     const std::string where = name + ": tensor " + quote_text(key);
     const auto has = [&](const char* field) { return t.is_object() && t.contains(field); };
