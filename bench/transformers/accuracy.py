@@ -33,7 +33,10 @@ policy-B-sim (B = 4.5, 5.3, 6): the per-layer policy nvfp4kv.transformers.calibr
 for B bits per value (FP8 K, then V, on the layers of largest error while the budget allows;
 each other layer its best NVFP4 mode), simulated in a DynamicCache (PolicyCache) because layouts do
 not place FP8 pages yet; policy-4.5-sim holds no FP8 and checks the simulation against the
-nvfp4-calibrated row, which runs the same policy through KVCache.
+nvfp4-calibrated row, which runs the same policy through KVCache. The calibration measures each
+layer's model KL (its K alone, and its V alone, through its best mode) and ranks layers for FP8 by it;
+policy-B-attn-sim is the same budget with the layers ranked by attention error alone (the
+calibration before model KL, model_kl=False).
 nvfp4-first-bf16: the nvfp4 row's values except each window's first token (BOS where the
 tokenizer adds it) kept in BF16, simulated in a DynamicCache: what a higher-precision side region
 for the attention sink would buy, measured before building one.
@@ -86,7 +89,7 @@ GGUFS = {
 INPUTS = "accuracy-inputs.npz"  # the token ids, in stage_gpu.py's first part
 ROWS = ["bf16", "fp8", "nvfp4", "nvfp4-cal", "nvfp4-4over6", "nvfp4-4over6-cal", "quanto-int4", "quanto-int2",
         "hqq-4", "nvfp4-rot", "nvfp4-smooth", "nvfp4-all", "k-fp8-v-nvfp4", "nvfp4-calibrated", "nvfp4-calibrated-gs1", "nvfp4-first-bf16",
-        "policy-4.5-sim", "policy-5.3-sim", "policy-6-sim"]
+        "policy-4.5-sim", "policy-5.3-sim", "policy-6-sim", "policy-5.3-attn-sim", "policy-6-attn-sim"]
 # The cache format of each format row (its k_mean filled in from the calibration text).
 FORMATS = {
     "nvfp4-rot": {"layers": [{"k": {"rotation": "head"}, "v": {"rotation": "head"}}]},
@@ -194,31 +197,6 @@ class FirstTokensCache(DynamicCache):
         return super().update(nvfp4(key_states), nvfp4(value_states), layer_idx, *args, **kwargs)
 
 
-def _rotation_block(rotation, dim: int) -> int:
-    """cache_format.hpp's rotation_block: 0 for none, the size, or for "head" D where D is a
-    power of two, else the largest power of two dividing D."""
-    if rotation in (None, "none", 0):
-        return 0
-    if rotation == "head":
-        return dim if dim & (dim - 1) == 0 else dim & -dim
-    return int(rotation)
-
-
-def _hadamard(x: np.ndarray, n: int, scale) -> np.ndarray:
-    """Blocks of n along the last axis through Sylvester's Hadamard matrix, in x's precision, in the
-    writer's order (core/transform.hpp): butterflies of span 1, 2, 4, ..., then one multiplication
-    by `scale` (float(1/sqrt(n)) for the writer, 1/sqrt(n) in float64 for a reader)."""
-    shape = x.shape
-    y = x.reshape(-1, n).copy()
-    h = 1
-    while h < n:
-        z = y.reshape(-1, n // (2 * h), 2, h)
-        a, b = z[:, :, 0, :].copy(), z[:, :, 1, :].copy()
-        z[:, :, 0, :], z[:, :, 1, :] = a + b, a - b
-        h *= 2
-    return (y * y.dtype.type(scale)).reshape(shape)
-
-
 class PolicyCache(DynamicCache):
     """A calibration's per-layer policy with FP8 tensors, simulated (layouts do not place FP8 pages
     yet): per layer and side either FP8 E4M3 with the calibration's per-tensor scale (K after its
@@ -237,28 +215,8 @@ class PolicyCache(DynamicCache):
         self.scales = [(p["k_global_scale"], p["v_global_scale"]) for p in cal["per_layer"]]
 
     def _side(self, x: torch.Tensor, layer: int, side: int) -> torch.Tensor:
-        b, h, t, d = x.shape
         f = self.formats[layer]["k" if side == 0 else "v"]
-        gs = float(self.scales[layer][side])
-        rows = x.transpose(1, 2).to(torch.bfloat16).float().reshape(-1, h, d).cpu().numpy()
-        mu = self.mu[layer] if side == 0 else np.zeros((h, d), np.float32)
-        rows = rows - mu  # one float32 rounding per element (zero rows where the layer does not smooth)
-        if f["element"] == "fp8_e4m3":  # core/transform.hpp: e4m3(x * (1 / scale)), back as e4m3 * scale
-            inv = np.float32(1) / np.float32(gs)
-            codes = torch.from_numpy(rows * inv).clamp(-448, 448).to(torch.float8_e4m3fn)
-            back = (codes.float() * torch.tensor(gs, dtype=torch.float32)).double().numpy() + mu
-        else:
-            n = _rotation_block(f.get("rotation"), d)
-            if n:  # core/transform.hpp's hadamard_scale: 2^-(k/2), times float(1/sqrt(2)) for odd k
-                k = n.bit_length() - 1
-                scale = np.float32(2.0 ** -(k // 2)) * (np.float32(0.70710678118654752440) if k % 2 else np.float32(1))
-                rows = _hadamard(rows, n, scale)
-            back = reference.dequantize(*reference.quantize(rows, gs, f.get("rule", "standard")), gs).astype(np.float64)
-            if n:
-                back = _hadamard(back, n, 1.0 / math.sqrt(n))
-            back = back + mu
-        y = torch.from_numpy(back.astype(np.float32)).view(b, t, h, d).transpose(1, 2)
-        return y.to(x.device, x.dtype)
+        return nt._through_format(x, f, self.scales[layer][side], self.mu[layer] if side == 0 else None)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         return super().update(self._side(key_states, layer_idx, 0), self._side(value_states, layer_idx, 1), layer_idx,
@@ -288,13 +246,13 @@ class Setup:
     device: str
     k_mean: Optional[np.ndarray] = None  # (layers, kv heads, D) post-RoPE K mean over the calibration text
     bos: Optional[int] = None  # the BOS id every window begins with, where the tokenizer adds one
-    policies: Dict[float, Dict] = dataclasses.field(default_factory=dict)  # calibrations by bits budget
+    policies: Dict[str, Dict] = dataclasses.field(default_factory=dict)  # calibrations by policy row
     calibration: Optional[Dict] = None   # nvfp4kv.calibrate's file, from samples of the calibration text
 
 
 def policy_bits(row: str) -> float:
-    """The bits budget of a policy-B-sim row."""
-    return float(row[len("policy-"):-len("-sim")])
+    """The bits budget of a policy-B-sim or policy-B-attn-sim row."""
+    return float(row[len("policy-"):-len("-sim")].replace("-attn", ""))
 
 
 def make_cache(row: str, s: Setup, max_tokens: int):
@@ -309,7 +267,7 @@ def make_cache(row: str, s: Setup, max_tokens: int):
     if row == "nvfp4-first-bf16":
         return FirstTokensCache(config, 1), "sdpa"
     if row.startswith("policy-"):
-        return PolicyCache(config, s.policies[policy_bits(row)]), "sdpa"
+        return PolicyCache(config, s.policies[row]), "sdpa"
     if row in ("nvfp4-calibrated", "nvfp4-calibrated-gs1"):
         cal = s.calibration
         scales = ([p["k_global_scale"] for p in cal["per_layer"]], [p["v_global_scale"] for p in cal["per_layer"]])
@@ -343,16 +301,18 @@ def bytes_per_token(row: str, config, policies: Optional[Dict] = None) -> float:
     values = layers * heads * dim * 2
     bits = {"bf16": 16, "fp8": 8, "quanto-int4": 4.5, "quanto-int2": 2.5, "hqq-4": 4.5,
             "k-fp8-v-nvfp4": 6.25}.get(row, 4.5)
-    if row.startswith("policy-") and policies and policy_bits(row) in policies:
-        bits = policies[policy_bits(row)]["bits_per_value"]
+    if row.startswith("policy-") and policies and row in policies:
+        bits = policies[row]["bits_per_value"]
     return values * bits / 8
 
 
-def calibration_file(model, tokens: torch.Tensor, length: int, bits: float, bos: Optional[int] = None) -> Dict:
+def calibration_file(model, tokens: torch.Tensor, length: int, bits: float, bos: Optional[int] = None,
+                     model_kl: bool = False) -> Dict:
     """nvfp4kv.transformers.calibrate on the first `length` held-out tokens (one sequence, BOS first
-    where the tokenizer adds it): the model's post-RoPE K, V and queries."""
+    where the tokenizer adds it): the model's post-RoPE K, V and queries; with model_kl, each
+    layer's model KL on the first 512 of them too (the policy ranks layers by it)."""
     ids = windows_of(tokens, range(0, 1), length, "cpu", bos)[0]
-    return nt.calibrate(model, ids, samples=length, bits=bits, progress=False)
+    return nt.calibrate(model, ids, samples=length, bits=bits, progress=model_kl, model_kl=model_kl)
 
 
 def calibrate(model, tokens: torch.Tensor, windows: int, length: int, bos: Optional[int] = None):
@@ -705,13 +665,16 @@ def main(argv=None) -> int:
     if "nvfp4-calibrated" in rows or "nvfp4-calibrated-gs1" in rows:
         setup.calibration = calibration_file(model, cal_tokens, args.calibrate_sample_tokens, 4.5, setup.bos)
         log("calibrated per-layer modes: %s" % [p["best_mode"] for p in setup.calibration["per_layer"]])
-    for bits in sorted({policy_bits(r) for r in rows if r.startswith("policy-")}):
-        setup.policies[bits] = calibration_file(model, cal_tokens, args.calibrate_sample_tokens, bits, setup.bos)
+    for row in [r for r in rows if r.startswith("policy-")]:
+        started = time.time()
+        policy = calibration_file(model, cal_tokens, args.calibrate_sample_tokens, policy_bits(row), setup.bos,
+                                  model_kl=not row.endswith("-attn-sim"))
+        setup.policies[row] = policy
         fp8 = ["%d%s" % (i, "".join(side for side in "kv" if layer[side]["element"] == "fp8_e4m3"))
-               for i, layer in enumerate(setup.policies[bits]["format"]["layers"])
+               for i, layer in enumerate(policy["format"]["layers"])
                if "fp8_e4m3" in (layer["k"]["element"], layer["v"]["element"])]
-        log("policy at %.2f bits: %.3f bits per value, FP8 in layers %s" % (
-            bits, setup.policies[bits]["bits_per_value"], fp8))
+        log("%s: %.3f bits per value, FP8 in layers %s (calibrated in %.0f s)" % (
+            row, policy["bits_per_value"], fp8, time.time() - started))
     result = {"model": name, "dtype": args.dtype, "device": args.device, "threads": args.threads,
               "batch_tokens": args.batch_tokens, "rows": rows,
               "chunk": args.chunk, "command": " ".join(sys.argv), "nvfp4kv": nvfp4kv.build_info,
@@ -723,6 +686,12 @@ def main(argv=None) -> int:
               "complete": False}
     if args.device.startswith("cuda"):
         result["gpu"] = torch.cuda.get_device_name(torch.device(args.device))
+    if setup.policies:
+        result["calibration"]["policies"] = {
+            row: {"bits_per_value": p["bits_per_value"],
+                  "model_kl": {side: [layer["%s_model_kl" % side] for layer in p["per_layer"]] for side in "kv"},
+                  "fp8": [[layer[side]["element"] == "fp8_e4m3" for side in "kv"] for layer in p["format"]["layers"]]}
+            for row, p in setup.policies.items()}
     if setup.calibration is not None:
         result["calibration"]["per_layer_modes"] = [p["best_mode"] for p in setup.calibration["per_layer"]]
         result["calibration"]["sample_tokens"] = setup.calibration["samples"]

@@ -31,6 +31,8 @@ LABELS = {
     "policy-4.5-sim": "calibrated per-layer policy at 4.5 bits (simulated; = the calibrated row)",
     "policy-5.3-sim": "calibrated per-layer policy, <= 5.3 bits: FP8 K/V in the most sensitive layers (simulated)",
     "policy-6-sim": "calibrated per-layer policy, <= 6 bits: FP8 K/V in the most sensitive layers (simulated)",
+    "policy-5.3-attn-sim": "calibrated per-layer policy, <= 5.3 bits, layers ranked by attention error (simulated)",
+    "policy-6-attn-sim": "calibrated per-layer policy, <= 6 bits, layers ranked by attention error (simulated)",
     "nvfp4-first-bf16": "NVFP4 with each window's first token in BF16 (simulated; its side region, +11.5/L bits "
                         "per value at context L, not counted)",
     "quanto-int4": "transformers QuantizedCache quanto int4",

@@ -147,22 +147,33 @@ def with_format(layout: Union[Layout, ValidLayout, Plan], format: Any) -> ValidL
     return _core._with_format(valid, text)
 
 
-def calibrate(samples: Any, bits: float = 4.5, out: Optional[str] = None) -> Dict[str, Any]:
+def calibrate(samples: Any, bits: float = 4.5, out: Optional[str] = None,
+              model_kl: Optional[Dict[str, Sequence[float]]] = None) -> Dict[str, Any]:
     """A calibration (docs/calibration.md) from post-RoPE K/V samples: ``samples`` is a path to an
     .npz (numpy.savez) or a .safetensors file, read as ``nvfp4kv calibrate`` reads it (float32,
     float16 or bf16: in an .npz bf16 as uint16 bit patterns), or a mapping of arrays k_0, v_0, k_1,
     v_1, ... (tokens, kv heads, D), with optional q_0, ... (tokens, q heads, D), taken as float32.
     Per layer: K/V amax, global scales, the K mean, the error of every NVFP4 mode, and the
     recommended format for ``bits`` bits per value (FP8 for K on the layers of largest error while
-    the budget allows). Written to ``out`` when given (only after every array was checked);
-    returned as a dict. From a transformers model and a text: nvfp4kv.transformers.calibrate."""
+    the budget allows). ``model_kl``: {"k": [...], "v": [...]}, per layer the model-level
+    sensitivity of its K and of its V (the model's mean next-token KL divergence when only that
+    layer's K, or only its V, is quantized), recorded in the file and ranking the layers for FP8
+    instead of the attention error. Written to ``out`` when given (only after every array was
+    checked); returned as a dict. From a transformers model and a text (which measures model_kl
+    too): nvfp4kv.transformers.calibrate."""
     import json as _json
     import numpy as _np
     if not 4.5 <= float(bits) <= 8.0:  # before any file is read or array copied
         raise ArgumentError("calibrate: --bits: a budget of bits per value in [4.5, 8] (NVFP4 to FP8), got %g"
                             % float(bits))
+    kl = {"k": [], "v": []}
+    if model_kl is not None:
+        if not hasattr(model_kl, "keys") or sorted(model_kl.keys()) != ["k", "v"]:
+            raise ArgumentError("calibrate: model_kl: a mapping {\"k\": [...], \"v\": [...]} (one value per layer "
+                                "each), got %r" % (model_kl,))
+        kl = {side: [float(x) for x in model_kl[side]] for side in "kv"}
     if isinstance(samples, (str, os.PathLike)):
-        text = _core._calibrate_file(os.fspath(samples), float(bits))
+        text = _core._calibrate_file(os.fspath(samples), float(bits), kl["k"], kl["v"])
     else:
         arrays = {}
         for name, a in samples.items():
@@ -173,7 +184,7 @@ def calibrate(samples: Any, bits: float = 4.5, out: Optional[str] = None) -> Dic
                 raise ArgumentError("calibrate: %s holds %s values; arrays are float32, float16 or bfloat16 (bf16 bit "
                                     "patterns as uint16 are read from files, not from arrays)" % (name, a.dtype))
             arrays[str(name)] = _np.ascontiguousarray(a, dtype=_np.float32)
-        text = _core._calibrate(arrays, float(bits))
+        text = _core._calibrate(arrays, float(bits), kl["k"], kl["v"])
     if out is not None:
         with open(out, "w", encoding="utf-8") as f:
             f.write(text + "\n")

@@ -450,6 +450,8 @@ attention (the model's exact semantics: soft-capping, sinks, windows), recording
 post-RoPE queries on the way."""
 CALIBRATION_TOKENS = 2048
 """Tokens per layer nvfp4kv.calibrate measures (the first ones of the samples)."""
+KL_TOKENS = 512
+"""Tokens calibrate measures each layer's model KL on by default (the first ones of the samples)."""
 
 
 class _SampleCache(DynamicCache):
@@ -517,18 +519,136 @@ class _Progress:
             sys.stderr.flush()
 
 
+def _rotation_block(rotation: Any, dim: int) -> int:
+    """cache_format.hpp's rotation_block: 0 for none, the size, or for "head" D where D is a
+    power of two, else the largest power of two dividing D."""
+    if rotation in (None, "none", 0):
+        return 0
+    if rotation == "head":
+        return dim if dim & (dim - 1) == 0 else dim & -dim
+    return int(rotation)
+
+
+def _hadamard(x: np.ndarray, n: int, scale: Any) -> np.ndarray:
+    """Blocks of n along the last axis through Sylvester's Hadamard matrix, in x's precision, in the
+    writer's order (core/transform.hpp): butterflies of span 1, 2, 4, ..., then one multiplication
+    by `scale` (float(1/sqrt(n)) for the writer, 1/sqrt(n) in float64 for a reader)."""
+    shape = x.shape
+    y = x.reshape(-1, n).copy()
+    h = 1
+    while h < n:
+        z = y.reshape(-1, n // (2 * h), 2, h)
+        a, b = z[:, :, 0, :].copy(), z[:, :, 1, :].copy()
+        z[:, :, 0, :], z[:, :, 1, :] = a + b, a - b
+        h *= 2
+    return (y * y.dtype.type(scale)).reshape(shape)
+
+
+def _through_format(x: torch.Tensor, side_format: Dict[str, Any], global_scale: float,
+                    mu: Optional[np.ndarray] = None) -> torch.Tensor:
+    """K or V (batch, heads, tokens, D) as a cache of ``side_format`` (one side of one layer of a
+    cache format's JSON) gives them back, simulated on the host: FP8 E4M3 with the per-tensor scale
+    ``global_scale`` (after mu), or NVFP4 through the layer's transforms as the CPU store and gather
+    apply them (rows rounded to bfloat16 as the store takes them, minus mu and rotated in float32 in
+    the writer's order, nvfp4kv.reference.quantize / dequantize with ``global_scale`` and the rule,
+    the rotation undone and mu added back in float64). mu: (heads, D) for K smoothing, or None."""
+    from nvfp4kv import reference
+    b, h, t, d = x.shape
+    gs = float(global_scale)
+    rows = x.transpose(1, 2).to(torch.bfloat16).float().reshape(-1, h, d).cpu().numpy()
+    mu = np.zeros((h, d), np.float32) if mu is None else np.asarray(mu, np.float32)
+    rows = rows - mu  # one float32 rounding per element (nothing where mu is zero)
+    if side_format.get("element") == "fp8_e4m3":  # core/transform.hpp: e4m3(x * (1 / scale)), back as e4m3 * scale
+        inv = np.float32(1) / np.float32(gs)
+        codes = torch.from_numpy(rows * inv).clamp(-448, 448).to(torch.float8_e4m3fn)
+        back = (codes.float() * torch.tensor(gs, dtype=torch.float32)).double().numpy() + mu
+    else:
+        n = _rotation_block(side_format.get("rotation"), d)
+        if n:  # core/transform.hpp's hadamard_scale: 2^-(k/2), times float(1/sqrt(2)) for odd k
+            k = n.bit_length() - 1
+            scale = np.float32(2.0 ** -(k // 2)) * (np.float32(0.70710678118654752440) if k % 2 else np.float32(1))
+            rows = _hadamard(rows, n, scale)
+        back = reference.dequantize(*reference.quantize(rows, gs, side_format.get("rule", "standard")), gs)
+        back = back.astype(np.float64)
+        if n:
+            back = _hadamard(back, n, 1.0 / math.sqrt(n))
+        back = back + mu
+    y = torch.from_numpy(back.astype(np.float32)).view(b, t, h, d).transpose(1, 2)
+    return y.to(x.device, x.dtype)
+
+
+class _OneLayerCache(DynamicCache):
+    """A DynamicCache whose layer ``layer`` keeps its K (side "k") or its V (side "v") as the
+    calibration ``cal``'s format gives them back (_through_format with its global scales and K
+    mean); everything else, and everything where ``layer`` is None, exact."""
+
+    def __init__(self, config: Any, cal: Dict[str, Any], layer: Optional[int], side: str = "k"):
+        super().__init__(config=config)
+        self.layer, self.which = layer, side
+        if layer is not None:
+            layers, heads, dim = _kv_dims(config)
+            fmt = cal["format"]
+            self.side = fmt["layers"][layer if len(fmt["layers"]) > 1 else 0][side]
+            mean = fmt.get("k_mean")
+            self.mu = np.asarray(mean, np.float32).reshape(layers, heads, dim)[layer] if mean and side == "k" else None
+            self.scale = cal["per_layer"][layer]["%s_global_scale" % side]
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if layer_idx == self.layer and self.which == "k":
+            key_states = _through_format(key_states, self.side, self.scale, self.mu)
+        elif layer_idx == self.layer:
+            value_states = _through_format(value_states, self.side, self.scale)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+def _model_kl(model: Any, ids: torch.Tensor, chunk: int, cal: Dict[str, Any], bar: "_Progress") -> Dict[str, List[float]]:
+    """Each layer's model-level sensitivity over ``ids`` (one sequence), of its K and of its V:
+    the mean over the tokens of KL(P_ref || P_side) of the next-token distributions, P_ref with
+    every layer's K/V exact, P_side with only that layer's K (or only its V) through ``cal``'s
+    format (its best NVFP4 mode, calibrated global scales). All runs go in the same chunks through
+    the same attention, so a side the format keeps exactly measures 0. 2 x layers + 1 passes."""
+    layers, _, _ = _kv_dims(model.config)
+
+    def logits(layer: Optional[int], side: str = "k") -> List[torch.Tensor]:
+        cache = _OneLayerCache(model.config, cal, layer, side)
+        return [model(ids[start:start + chunk][None], past_key_values=cache, use_cache=True).logits[0].float()
+                for start in range(0, ids.numel(), chunk)]
+
+    kl: Dict[str, List[float]] = {"k": [], "v": []}
+    with torch.no_grad():
+        ref = logits(None)  # kept as float32 logits; log-probabilities and KL in float64, chunk by chunk
+        for layer in range(layers):
+            for side in "kv":
+                total = 0.0
+                for exact, got in zip(ref, logits(layer, side)):
+                    want = torch.log_softmax(exact.double(), dim=-1)
+                    total += float((want.exp() * (want - torch.log_softmax(got.double(), dim=-1))).sum())
+                kl[side].append(max(total / ids.numel(), 0.0))  # >= 0 but for rounding
+            bar.show(layer + 1, "layers: model KL of K and V")
+    return kl
+
+
 def calibrate(model: Any, tokens: Any = None, *, text: Union[str, "os.PathLike[str]", None] = None,
               tokenizer: Any = None, bits: float = 4.5, samples: int = CALIBRATION_TOKENS, chunk: int = 512,
-              out: Optional[str] = None, progress: bool = True) -> Dict[str, Any]:
+              out: Optional[str] = None, progress: bool = True, model_kl: bool = False,
+              kl_tokens: Optional[int] = None) -> Dict[str, Any]:
     """A calibration file (docs/calibration.md) for ``model`` from a text: the model runs over the
     first ``samples`` tokens as one sequence (in chunks of ``chunk``, through each layer's own eager
     attention), its post-RoPE K, V and queries of every layer are recorded, and ``nvfp4kv.calibrate``
     measures them (the model's own queries probe each mode's attention error, not the keys' stand-in).
+    With ``model_kl`` (off by default: docs/calibration.md says why) each layer's model-level
+    sensitivity is measured too: the model
+    runs again over the first ``kl_tokens`` of those tokens once with exact K/V and, per layer,
+    once with only that layer's K and once with only its V through its best NVFP4 mode; the mean
+    next-token KL divergence from the exact run is that layer's ``k_model_kl`` and ``v_model_kl``,
+    and the policy spends FP8 on K, then V, of the layers where it is largest (docs/calibration.md).
 
     tokens:     the token ids, a 1-D sequence (list, NumPy or PyTorch), or
     text:       the text itself (a str), or a file's path (a pathlib.Path), with ``tokenizer``: its
                 ids as the tokenizer gives them (BOS first where it adds one).
     bits:       bits per value to spend ([4.5, 8]); samples: tokens measured (16 to 2048).
+    kl_tokens:  tokens the model-level sensitivity is measured on (16 to ``samples``; None: 512 or
+                ``samples`` if fewer): 2 x layers + 1 forward passes over them.
     out:        where to write the file (only once everything was measured and checked).
     progress:   a progress line on stderr.
     Everything is checked before the model runs. Returns the calibration as a dict;
@@ -542,6 +662,9 @@ def calibrate(model: Any, tokens: Any = None, *, text: Union[str, "os.PathLike[s
     if not 16 <= samples <= CALIBRATION_TOKENS or chunk < 1:
         raise ValueError("calibrate: samples must be in [16, %d] (what is measured) and chunk >= 1, got %d and %d"
                          % (CALIBRATION_TOKENS, samples, chunk))
+    kl_tokens = min(KL_TOKENS, samples) if kl_tokens is None else int(kl_tokens)
+    if model_kl and not 16 <= kl_tokens <= samples:
+        raise ValueError("calibrate: kl_tokens must be in [16, samples = %d], got %d" % (samples, kl_tokens))
     if text is not None:
         if tokenizer is None:
             raise ValueError("calibrate: text= needs tokenizer= (the model's)")
@@ -579,7 +702,18 @@ def calibrate(model: Any, tokens: Any = None, *, text: Union[str, "os.PathLike[s
                            "one KV cache per layer?)" % ", ".join(missing[:4]))
     arrays = {name: np.concatenate(parts) for name, parts in pieces.items()}
     bar.end("nvfp4kv calibrate: %d tokens of %d layers recorded; measuring the NVFP4 modes" % (samples, layers))
-    result = nvfp4kv.calibrate(arrays, bits=bits, out=out)
+    kl = None
+    if model_kl:
+        modes = nvfp4kv.calibrate(arrays, bits=4.5)  # each layer's best mode and its global scales, no FP8
+        bar.end("nvfp4kv calibrate: model KL of each layer's K and V in its best mode on %d tokens (%d forward passes)"
+                % (kl_tokens, 2 * layers + 1))
+        layer_bar = _Progress(layers, progress)
+        try:
+            model.set_attn_implementation(CALIBRATE_NAME)  # the same eager attention, recording nothing
+            kl = _model_kl(model, ids[:kl_tokens], chunk, modes, layer_bar)
+        finally:
+            model.set_attn_implementation(before)
+    result = nvfp4kv.calibrate(arrays, bits=bits, out=out, model_kl=kl)
     bar.end("nvfp4kv calibrate: %.2f bits per value%s" % (result["bits_per_value"],
                                                           ", written to %s" % out if out else ""))
     return result
@@ -599,6 +733,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     c.add_argument("--bits", type=float, default=4.5, help="bits per value to spend, in [4.5, 8] (default 4.5)")
     c.add_argument("--samples", type=int, default=CALIBRATION_TOKENS, help="tokens measured, 16 to 2048 (default 2048)")
     c.add_argument("--chunk", type=int, default=512, help="tokens per forward pass (default 512)")
+    c.add_argument("--kl-tokens", type=int, default=None,
+                   help="tokens each layer's model KL is measured on (default %d, at most --samples)" % KL_TOKENS)
+    c.add_argument("--model-kl", action="store_true",
+                   help="measure each layer's K and V model KL (2 x layers + 1 more forward passes) and rank layers "
+                   "for FP8 by it instead of by attention error")
     c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     c.add_argument("--out", required=True, help="the calibration file to write (JSON)")
     args = ap.parse_args(argv)
@@ -612,16 +751,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             text = f.read()
         tokenizer = AutoTokenizer.from_pretrained(args.model, **extra)
         result = calibrate(model, text=text, tokenizer=tokenizer, bits=args.bits, samples=args.samples,
-                           chunk=args.chunk, out=args.out)
+                           chunk=args.chunk, out=args.out, model_kl=args.model_kl, kl_tokens=args.kl_tokens)
     else:
         result = calibrate(model, np.load(args.tokens, allow_pickle=False), bits=args.bits, samples=args.samples,
-                           chunk=args.chunk, out=args.out)
+                           chunk=args.chunk, out=args.out, model_kl=args.model_kl, kl_tokens=args.kl_tokens)
     formats = json.loads(json.dumps(result["format"]))["layers"]
     print("calibrated %d layers on %d tokens: %.2f bits per value; written: %s"
           % (result["layers"], result["samples"], result["bits_per_value"], args.out))
     for layer, (p, f) in enumerate(zip(result["per_layer"], formats if len(formats) > 1 else formats * result["layers"])):
-        print("  layer %2d  best %-28s error %.3g  K %-9s V %s" % (layer, p["best_mode"], p["errors"][p["best_mode"]],
-                                                                 f["k"]["element"], f["v"]["element"]))
+        kl = "" if p["k_model_kl"] is None else "  model KL K %.3g V %.3g" % (p["k_model_kl"], p["v_model_kl"])
+        print("  layer %2d  best %-28s error %.3g%s  K %-9s V %s" % (layer, p["best_mode"], p["errors"][p["best_mode"]],
+                                                                   kl, f["k"]["element"], f["v"]["element"]))
     return 0
 
 

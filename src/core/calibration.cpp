@@ -73,16 +73,28 @@ CacheFormat recommend_policy(const Calibration& c, double bits) {
         std::copy_n(c.k_mean.begin() + l * c.heads * c.head_dim, c.heads * c.head_dim,
                     f.k_mean.begin() + l * c.heads * c.head_dim);
   }
-  // Layers by their best NVFP4 error, largest first (ties: the lower layer first).
-  std::vector<int64_t> order(size_t(c.layers));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    const LayerCalibration &x = c.per_layer[size_t(a)], &y = c.per_layer[size_t(b)];
-    return x.errors[size_t(x.best_mode)] > y.errors[size_t(y.best_mode)];
+  const auto with_kl = std::count_if(c.per_layer.begin(), c.per_layer.end(), [](const LayerCalibration& l) {
+    return l.k_model_kl.has_value() && l.v_model_kl.has_value();
   });
+  const auto with_any = std::count_if(c.per_layer.begin(), c.per_layer.end(), [](const LayerCalibration& l) {
+    return l.k_model_kl.has_value() || l.v_model_kl.has_value();
+  });
+  if (with_any != 0 && (with_kl != c.layers || with_any != c.layers))
+    throw ArgumentError("recommend_policy: a model KL for K and V measured on " + std::to_string(with_kl) + " of " +
+                        std::to_string(c.layers) + " layers (all or none)");
+  // Per side, layers by rank() (that side's model KL, or the best mode's error), largest first
+  // (ties: the lower layer first).
+  const auto order = [&](Side side) {
+    std::vector<int64_t> o(size_t(c.layers));
+    std::iota(o.begin(), o.end(), 0);
+    std::stable_sort(o.begin(), o.end(), [&](int64_t a, int64_t b) {
+      return c.per_layer[size_t(a)].rank(side) > c.per_layer[size_t(b)].rank(side);
+    });
+    return o;
+  };
   double total = 4.5 * double(c.layers);  // bits per value summed over layers
   for (Side side : {Side::kK, Side::kV})
-    for (int64_t l : order) {
+    for (int64_t l : order(side)) {
       if ((total + kFp8Step) / double(c.layers) > bits + 1e-12) return f;
       TensorFormat& t = side == Side::kK ? f.layers[size_t(l)].k : f.layers[size_t(l)].v;
       t = {ElementFormat::kFp8E4M3, ScaleRule::kStandard, kNoRotation};
@@ -98,7 +110,9 @@ std::string calibration_to_json(const Calibration& c) {
     for (int m = 0; m < kCalibrationModes && m < int(l.errors.size()); ++m) errors[mode_name(m)] = l.errors[size_t(m)];
     layers.push_back({{"k_amax", l.k_amax}, {"v_amax", l.v_amax}, {"k_global_scale", l.k_global_scale},
                       {"v_global_scale", l.v_global_scale}, {"sensitivity", l.sensitivity()}, {"errors", errors},
-                      {"best_mode", mode_name(l.best_mode)}});
+                      {"best_mode", mode_name(l.best_mode)},
+                      {"k_model_kl", l.k_model_kl ? json(*l.k_model_kl) : json(nullptr)},
+                      {"v_model_kl", l.v_model_kl ? json(*l.v_model_kl) : json(nullptr)}});
   }
   json doc = {{"nvfp4kv_calibration", kCalibrationVersion},
               {"layers", c.layers},
@@ -125,9 +139,10 @@ Calibration parse_calibration(std::string_view text) {
                      "bits_per_value", "per_layer", "k_mean", "format"},
                root);
   const json& version = field(doc, "nvfp4kv_calibration", root);
-  if (!version.is_number_integer() || version.get<int64_t>() != kCalibrationVersion)
+  if (!version.is_number_integer() || version.get<int64_t>() < 1 || version.get<int64_t>() > kCalibrationVersion)
     throw LayoutError("calibration.nvfp4kv_calibration: version " + json_excerpt(version) +
-                      " is not one this build reads (" + std::to_string(kCalibrationVersion) + ")");
+                      " is not one this build reads (1 to " + std::to_string(kCalibrationVersion) + ")");
+  const bool v1 = version.get<int64_t>() == 1;
   Calibration c;
   c.layers = count(doc, "layers", root);
   c.heads = count(doc, "kv_heads", root);
@@ -141,8 +156,13 @@ Calibration parse_calibration(std::string_view text) {
   for (size_t i = 0; i < layers.size(); ++i) {
     const std::string where = "calibration.per_layer[" + std::to_string(i) + "]";
     const json& e = layers[i];
-    require_keys(e, {"k_amax", "v_amax", "k_global_scale", "v_global_scale", "sensitivity", "errors", "best_mode"},
-                 where);
+    if (v1)
+      require_keys(e, {"k_amax", "v_amax", "k_global_scale", "v_global_scale", "sensitivity", "errors", "best_mode"},
+                   where);
+    else
+      require_keys(e, {"k_amax", "v_amax", "k_global_scale", "v_global_scale", "sensitivity", "errors", "best_mode",
+                       "k_model_kl", "v_model_kl"},
+                   where);
     LayerCalibration l;
     l.k_amax = float(number(e, "k_amax", where));
     l.v_amax = float(number(e, "v_amax", where));
@@ -161,6 +181,14 @@ Calibration parse_calibration(std::string_view text) {
     for (int m = 0; m < kCalibrationModes; ++m)
       if (best == mode_name(m)) l.best_mode = m;
     if (l.best_mode < 0) throw LayoutError(where + ".best_mode: " + json_excerpt(best) + " is not a mode");
+    for (auto [kl, key] : {std::pair{&l.k_model_kl, "k_model_kl"}, {&l.v_model_kl, "v_model_kl"}}) {
+      if (v1 || field(e, key, where).is_null()) continue;
+      *kl = number(e, key, where);
+      if (**kl < 0) throw LayoutError(where + "." + key + ": a KL divergence is >= 0, got " + json_excerpt(e[key]));
+    }
+    if (l.k_model_kl.has_value() != l.v_model_kl.has_value() ||
+        (i > 0 && l.k_model_kl.has_value() != c.per_layer[0].k_model_kl.has_value()))
+      throw LayoutError(where + ": k_model_kl and v_model_kl measured on some layers or sides only (all or none: null)");
     c.per_layer.push_back(l);
   }
   const json& mu = field(doc, "k_mean", root);

@@ -3,6 +3,7 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <string>
@@ -44,7 +45,8 @@ const Place kHost{};
 void bind_reference(nb::module_& m) {
   m.def(
       "_calibrate",
-      [](const std::map<std::string, Array>& named, double bits) {
+      [](const std::map<std::string, Array>& named, double bits, const std::vector<double>& k_model_kl,
+         const std::vector<double>& v_model_kl) {
         std::map<std::string, reference::SampleArray> arrays;
         for (const auto& [name, array] : named) {
           const ArrayFacts x(array);
@@ -59,16 +61,20 @@ void bind_reference(nb::module_& m) {
           a.values.assign(p, p + n);
         }
         nb::gil_scoped_release unlocked;
-        return calibration_to_json(reference::calibrate(reference::samples_from_arrays(arrays, "samples"), bits));
+        return calibration_to_json(
+            reference::calibrate(reference::samples_from_arrays(arrays, "samples"), bits, {}, {k_model_kl, v_model_kl}));
       },
-      "arrays"_a, "bits"_a, "Calibration JSON from named float32 arrays k_L, v_L (and q_L).");
+      "arrays"_a, "bits"_a, "k_model_kl"_a = std::vector<double>{}, "v_model_kl"_a = std::vector<double>{},
+      "Calibration JSON from named float32 arrays k_L, v_L (and q_L); model KL of K and V: one per layer, or empty.");
   m.def(
       "_calibrate_file",
-      [](const std::string& path, double bits) {
+      [](const std::string& path, double bits, const std::vector<double>& k_model_kl,
+         const std::vector<double>& v_model_kl) {
         nb::gil_scoped_release unlocked;
-        return calibration_to_json(reference::calibrate(conformance::read_calibration_samples(path, "samples"), bits));
+        return calibration_to_json(reference::calibrate(conformance::read_calibration_samples(path, "samples"), bits,
+                                                        {}, {k_model_kl, v_model_kl}));
       },
-      "path"_a, "bits"_a, "Calibration JSON from an .npz or .safetensors file of samples (as nvfp4kv calibrate reads it).");
+      "path"_a, "bits"_a, "k_model_kl"_a = std::vector<double>{}, "v_model_kl"_a = std::vector<double>{}, "Calibration JSON from an .npz or .safetensors file of samples (as nvfp4kv calibrate reads it).");
   m.def(
       "_load_calibration",
       [](const std::string& path, int64_t layers, int64_t heads, int64_t head_dim) {

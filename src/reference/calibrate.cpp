@@ -144,11 +144,21 @@ std::string samples_problem(const CalibrationSamples& s) {
   return "";
 }
 
-Calibration calibrate(const CalibrationSamples& s, double bits, const Progress& progress) {
+Calibration calibrate(const CalibrationSamples& s, double bits, const Progress& progress, const ModelKl& model_kl) {
   if (std::string p = samples_problem(s); !p.empty()) throw ArgumentError("calibrate: " + p);
   if (!(bits >= 4.5 && bits <= 8.0))
     throw ArgumentError("calibrate: --bits: a budget of bits per value in [4.5, 8] (NVFP4 to FP8), got " +
                         std::to_string(bits));
+  const bool with_kl = !model_kl.k.empty() || !model_kl.v.empty();
+  for (auto [values, side] : {std::pair{&model_kl.k, "k"}, {&model_kl.v, "v"}}) {
+    if (with_kl && int64_t(values->size()) != s.layers)
+      throw ArgumentError(std::string("calibrate: model_kl.") + side + ": " + std::to_string(values->size()) +
+                          " values for " + std::to_string(s.layers) + " layers (one per layer for K and V, or none)");
+    for (size_t l = 0; l < values->size(); ++l)
+      if (!(std::isfinite((*values)[l]) && (*values)[l] >= 0))
+        throw ArgumentError(std::string("calibrate: model_kl.") + side + "[" + std::to_string(l) +
+                            "]: a KL divergence, finite and >= 0, got " + std::to_string((*values)[l]));
+  }
   const int64_t tokens = std::min(s.tokens, kCalibrationTokens), dim = s.head_dim;
   const CacheDims d{1, 1, 1, s.heads, dim};
   const int64_t q_heads = s.q.empty() ? s.heads : s.q_heads;
@@ -197,6 +207,7 @@ Calibration calibrate(const CalibrationSamples& s, double bits, const Progress& 
     lc.best_mode = int(std::min_element(lc.errors.begin(), lc.errors.end()) - lc.errors.begin());
     lc.k_global_scale = scales[size_t(lc.best_mode)].first;
     lc.v_global_scale = scales[size_t(lc.best_mode)].second;
+    if (with_kl) lc.k_model_kl = model_kl.k[size_t(l)], lc.v_model_kl = model_kl.v[size_t(l)];
     c.per_layer.push_back(lc);
   }
   c.format = recommend_policy(c, bits);

@@ -32,6 +32,19 @@ Calibration made_up(const std::vector<double>& errors_of) {
   return c;
 }
 
+// parse_calibration refuses `text` with `from` replaced by `to`, saying `what`.
+void expect_refused(std::string text, const std::string& from, const std::string& to, const std::string& what) {
+  const size_t at = text.find(from);
+  ASSERT_NE(at, std::string::npos) << from;
+  text.replace(at, from.size(), to);
+  try {
+    parse_calibration(text);
+    ADD_FAILURE() << "accepted with " << to;
+  } catch (const LayoutError& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
 TEST(Calibration, PolicyStaysWithinTheBudgetMostSensitiveFirst) {
   const Calibration c = made_up({0.1, 0.5, 0.2, 0.9, 0.05, 0.3, 0.4, 0.15});
   for (double bits : {4.5, 4.9, 5.0, 5.5, 6.25, 7.0, 8.0}) {
@@ -73,23 +86,70 @@ TEST(Calibration, FileRoundTripsAndRefusesWhatDoesNotFit) {
   EXPECT_EQ(calibration_mismatch(back, 3, 1, 32), "the calibration is for 2 kv heads, the cache has 1");
   EXPECT_EQ(calibration_mismatch(back, 3, 2, 64), "the calibration is for 32 head dim, the cache has 64");
   const auto refused = [&](const std::string& from, const std::string& to, const std::string& what) {
-    std::string t = text;
-    const size_t at = t.find(from);
-    ASSERT_NE(at, std::string::npos) << from;
-    t.replace(at, from.size(), to);
-    try {
-      parse_calibration(t);
-      ADD_FAILURE() << "accepted with " << to;
-    } catch (const LayoutError& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
+    expect_refused(text, from, to, what);
   };
-  refused("\"nvfp4kv_calibration\": 1", "\"nvfp4kv_calibration\": 2", "calibration.nvfp4kv_calibration: version 2");
+  refused("\"nvfp4kv_calibration\": 2", "\"nvfp4kv_calibration\": 3", "calibration.nvfp4kv_calibration: version 3");
   refused("\"layers\": 3", "\"layers\": 4", "calibration.per_layer: expected an array of 4 layers, got 3 entries");
   refused("\"kv_heads\": 2", "\"kv_heads\": 1", "calibration.k_mean: expected (layers 3, kv heads 1, D 32) values, got 192");
   refused("\"best_mode\": \"rotation\"", "\"best_mode\": \"spin\"", "calibration.per_layer[1].best_mode");
   refused("\"samples\": 100", "\"samples\": 100, \"extra\": 1", "unknown key \"extra\"");
   refused("\"k_global_scale\": 0.015625", "\"k_global_scale\": 0", "calibration.per_layer[0].k_global_scale");
+}
+
+TEST(Calibration, ModelKlRanksTheLayersAndIsVersioned) {
+  // Attention errors rank layer 1 first (0.5); K's model KL ranks 2, 0, 1 and V's 1, 2, 0.
+  Calibration c = made_up({0.1, 0.5, 0.2});
+  const std::vector<double> k_kl{0.03, 0.001, 0.08}, v_kl{0.002, 0.02, 0.01};
+  for (int64_t l = 0; l < 3; ++l) c.per_layer[size_t(l)].k_model_kl = k_kl[size_t(l)];
+  for (int64_t l = 0; l < 3; ++l) c.per_layer[size_t(l)].v_model_kl = v_kl[size_t(l)];
+  const auto fp8 = [](const CacheFormat& f, Side side) {
+    std::vector<int> on;
+    for (int64_t l = 0; l < int64_t(f.layers.size()); ++l)
+      if (f.layers[size_t(l)].side(side).element == ElementFormat::kFp8E4M3) on.push_back(int(l));
+    return on;
+  };
+  EXPECT_EQ(fp8(recommend_policy(c, 4.5 + 1.75 / 3), Side::kK), std::vector<int>{2});
+  EXPECT_EQ(fp8(recommend_policy(c, 4.5 + 2 * 1.75 / 3), Side::kK), (std::vector<int>{0, 2}));
+  const CacheFormat all_k_two_v = recommend_policy(c, 4.5 + 5 * 1.75 / 3);
+  EXPECT_EQ(fp8(all_k_two_v, Side::kK), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(fp8(all_k_two_v, Side::kV), (std::vector<int>{1, 2}));
+  Calibration without = made_up({0.1, 0.5, 0.2});  // no model KL: the attention error decides
+  EXPECT_EQ(fp8(recommend_policy(without, 4.5 + 1.75 / 3), Side::kK), std::vector<int>{1});
+  without.per_layer[0].k_model_kl = without.per_layer[0].v_model_kl = 0.5;  // on one layer only
+  EXPECT_THROW(recommend_policy(without, 5.0), ArgumentError);
+  Calibration k_only = c;
+  for (LayerCalibration& l : k_only.per_layer) l.v_model_kl.reset();  // one side only
+  EXPECT_THROW(recommend_policy(k_only, 5.0), ArgumentError);
+
+  // Written as version 2 with both; read back; a version-1 file (no model KL) still reads.
+  c.bits_budget = 5;
+  c.format = recommend_policy(c, 5);
+  const std::string text = calibration_to_json(c);
+  ASSERT_NE(text.find("\"nvfp4kv_calibration\": 2"), std::string::npos);
+  const Calibration back = parse_calibration(text);
+  for (int64_t l = 0; l < 3; ++l) {
+    EXPECT_EQ(back.per_layer[size_t(l)].k_model_kl, k_kl[size_t(l)]) << l;
+    EXPECT_EQ(back.per_layer[size_t(l)].v_model_kl, v_kl[size_t(l)]) << l;
+  }
+  EXPECT_EQ(calibration_to_json(back), text);
+  Calibration old = made_up({0.1, 0.5, 0.2});
+  old.format = recommend_policy(old, 4.5);
+  std::string v1 = calibration_to_json(old);
+  for (const char* key : {"\"k_model_kl\": null,", "\"v_model_kl\": null"})  // v_: the last key, after a comma
+    for (size_t at; (at = v1.find(key)) != std::string::npos;) v1.erase(at, std::string(key).size());
+  for (size_t at; (at = v1.find("\"v_global_scale\": 0.03125,")) != std::string::npos;)
+    v1.replace(at, 26, "\"v_global_scale\": 0.03125 ");
+  v1.replace(v1.find("\"nvfp4kv_calibration\": 2"), 24, "\"nvfp4kv_calibration\": 1");
+  ASSERT_EQ(v1.find("model_kl"), std::string::npos) << v1.substr(0, 400);
+  const Calibration from_v1 = parse_calibration(v1);
+  EXPECT_FALSE(from_v1.per_layer[0].k_model_kl.has_value());
+  EXPECT_EQ(from_v1.format, old.format);
+  const auto refused = expect_refused;
+  refused(text, "\"v_model_kl\": 0.02", "\"v_model_kl\": null", "per_layer[1]: k_model_kl and v_model_kl measured on some");
+  refused(text, "\"k_model_kl\": 0.03", "\"k_model_kl\": -0.03", "per_layer[0].k_model_kl: a KL divergence is >= 0");
+  refused(text, "\"nvfp4kv_calibration\": 2", "\"nvfp4kv_calibration\": 1", "unknown key \"k_model_kl\"");
+  refused(v1, "\"nvfp4kv_calibration\": 1", "\"nvfp4kv_calibration\": 2", "per_layer[0]: \"k_model_kl\" is required");
+  refused(v1, "\"nvfp4kv_calibration\": 1", "\"nvfp4kv_calibration\": 0", "version 0 is not one this build reads");
 }
 
 // Samples where layer 1 has an outlier channel (rotation spreads it) and layer 2 a large
@@ -173,6 +233,31 @@ TEST(Calibration, SamplesAreCheckedByName) {
   EXPECT_EQ(s.q_heads, 4);
   a["k_0"].values[3] = std::nanf("");
   refused("K samples hold a non-finite value");
+}
+
+TEST(Calibration, MeasurementTakesTheModelKl) {
+  const reference::CalibrationSamples s = made_samples();
+  const Calibration plain = reference::calibrate(s, 4.5 + 1.75 / 3);
+  // The layer the attention error would not pick gets the FP8 K when K's model KL says so.
+  int64_t by_error = 0;
+  for (int64_t l = 0; l < 3; ++l)
+    if (plain.format.layer(l).k.element == ElementFormat::kFp8E4M3) by_error = l;
+  reference::ModelKl kl{{0.01, 0.01, 0.01}, {0.5, 0.5, 0.5}};
+  const int64_t other = (by_error + 1) % 3;
+  kl.k[size_t(other)] = 0.2;
+  const Calibration c = reference::calibrate(s, 4.5 + 1.75 / 3, {}, kl);
+  for (int64_t l = 0; l < 3; ++l) {
+    EXPECT_EQ(c.format.layer(l).k.element == ElementFormat::kFp8E4M3, l == other) << l;
+    EXPECT_EQ(c.format.layer(l).v.element, ElementFormat::kNvfp4) << l;  // K first, whatever V's KL
+    EXPECT_EQ(c.per_layer[size_t(l)].k_model_kl, kl.k[size_t(l)]);
+    EXPECT_EQ(c.per_layer[size_t(l)].v_model_kl, kl.v[size_t(l)]);
+    EXPECT_EQ(c.per_layer[size_t(l)].errors, plain.per_layer[size_t(l)].errors);  // measured as before
+    EXPECT_FALSE(plain.per_layer[size_t(l)].k_model_kl.has_value());
+  }
+  EXPECT_THROW(reference::calibrate(s, 5.0, {}, {{0.1, 0.2}, {0.1, 0.2, 0.3}}), ArgumentError);
+  EXPECT_THROW(reference::calibrate(s, 5.0, {}, {{0.1, 0.2, 0.3}, {}}), ArgumentError);
+  EXPECT_THROW(reference::calibrate(s, 5.0, {}, {{0.1, -0.2, 0.3}, {0.1, 0.2, 0.3}}), ArgumentError);
+  EXPECT_THROW(reference::calibrate(s, 5.0, {}, {{0.1, 0.2, 0.3}, {0.1, std::nan(""), 0.3}}), ArgumentError);
 }
 
 }  // namespace

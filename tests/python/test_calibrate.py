@@ -54,7 +54,7 @@ def cli():
 def test_python_calibration_is_versioned_checked_and_respects_the_budget(tmp_path):
     out = tmp_path / "cal.json"
     cal = nvfp4kv.calibrate(samples(), bits=5.2, out=str(out))
-    assert cal["nvfp4kv_calibration"] == 1 and (cal["layers"], cal["kv_heads"], cal["head_dim"]) == (3, 2, 64)
+    assert cal["nvfp4kv_calibration"] == 2 and (cal["layers"], cal["kv_heads"], cal["head_dim"]) == (3, 2, 64)
     assert cal["bits_per_value"] <= 5.2 and len(cal["k_mean"]) == 3 * 2 * 64
     assert "rotation" in cal["per_layer"][1]["best_mode"]
     fp8 = [i for i, l in enumerate(cal["format"]["layers"]) if l["k"]["element"] == "fp8_e4m3"]
@@ -83,7 +83,7 @@ def test_bad_samples_and_files_are_refused_and_nothing_is_written(tmp_path):
     good = tmp_path / "good.json"
     nvfp4kv.calibrate(samples(), out=str(good))
     doc = json.loads(good.read_text())
-    for change, field in [(lambda d: d.update(nvfp4kv_calibration=2), "calibration.nvfp4kv_calibration: version 2"),
+    for change, field in [(lambda d: d.update(nvfp4kv_calibration=3), "calibration.nvfp4kv_calibration: version 3"),
                           (lambda d: d["per_layer"].pop(), "calibration.per_layer: expected an array of 3 layers"),
                           (lambda d: d.update(extra=1), 'unknown key "extra"'),
                           (lambda d: d["k_mean"].pop(), r"calibration.k_mean: expected \(layers 3")]:

@@ -42,7 +42,16 @@ std::string samples_problem(const CalibrationSamples& s);
 inline constexpr int64_t kCalibrationTokens = 2048;
 inline constexpr int kCalibrationProbes = 32;
 
-// Throws ArgumentError as samples_problem and recommend_policy say.
-Calibration calibrate(const CalibrationSamples& samples, double bits, const Progress& progress = {});
+// Model-level sensitivities measured on the model (nvfp4kv.transformers.calibrate): per layer the
+// model's KL with only that layer's K (k) or only its V (v) through its best mode. Both empty, or
+// one finite value >= 0 per layer each.
+struct ModelKl {
+  std::vector<double> k, v;
+};
+// model_kl: recorded in the file and ranking the layers for FP8 (K by k, V by v). Throws
+// ArgumentError as samples_problem and recommend_policy say, and for a model_kl of another
+// length or a negative or non-finite value.
+Calibration calibrate(const CalibrationSamples& samples, double bits, const Progress& progress = {},
+                      const ModelKl& model_kl = {});
 
 }  // namespace nvfp4kv::reference
