@@ -15,11 +15,12 @@
 namespace nvfp4kv::kernels::attention {
 
 // One warp, one row: lane l takes columns l + 32 k of `row` (kType bits; null
-// for a padding row, all zeros), writes the prescaled row to `to` (kD halves,
-// columns past `dim` zero) and returns the row's logit multiplier (every lane).
-template <int kD, ElementType kType, typename Format>
-__device__ __forceinline__ float prescale_query_row(const uint16_t* row, int64_t dim, int lane, __half* to,
-                                                    float logit_scale) {
+// for a padding row, all zeros), writes the prescaled row by put(column, value)
+// (kD halves, columns past `dim` zero) and returns the row's logit multiplier
+// (every lane).
+template <int kD, ElementType kType, typename Format, typename Put>
+__device__ __forceinline__ float prescale_query_row_to(const uint16_t* row, int64_t dim, int lane, Put put,
+                                                       float logit_scale) {
   float v[kD / 32];
   float amax = 0;
 #pragma unroll
@@ -37,8 +38,16 @@ __device__ __forceinline__ float prescale_query_row(const uint16_t* row, int64_t
   int shift = 0;
   if (amax > 0 && amax <= 3.0e38f) shift = 14 - ilogbf(amax);
 #pragma unroll
-  for (int k = 0; k < kD / 32; ++k) to[lane + 32 * k] = __float2half_rn(ldexpf(v[k], shift));
+  for (int k = 0; k < kD / 32; ++k) put(lane + 32 * k, __float2half_rn(ldexpf(v[k], shift)));
   return ldexpf(logit_scale, Format::kExponentBias - shift) * kLog2e;
+}
+
+// The same into a contiguous row `to`.
+template <int kD, ElementType kType, typename Format>
+__device__ __forceinline__ float prescale_query_row(const uint16_t* row, int64_t dim, int lane, __half* to,
+                                                    float logit_scale) {
+  return prescale_query_row_to<kD, kType, Format>(
+      row, dim, lane, [to](int col, __half v) { to[col] = v; }, logit_scale);
 }
 
 }  // namespace nvfp4kv::kernels::attention

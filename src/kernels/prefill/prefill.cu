@@ -30,6 +30,7 @@
 #include "../attention/options.cuh"
 #include "../attention/query.cuh"
 #include "../attention/softmax.cuh"
+#include "../attention/wgmma.cuh"
 #include "../common/device.cuh"
 #include "../common/dispatch.cuh"
 #include "params.hpp"
@@ -45,10 +46,19 @@ constexpr int kConsumerThreads = kConsumerWarps * 32;  // warps 0-7; the produce
 constexpr int kProducerThreads = kThreads - kConsumerThreads;
 using Format = Nvfp4Fp16;  // the query's prescale and the output's 2^14 (both placements share them)
 
-// The block's shared memory, carved in prefill_smem_bytes' order.
+// Whether the consumers run warpgroup MMAs (sm_90a, D <= 128: O's 64 x D accumulator per
+// warpgroup fits the consumers' registers) on 128-byte-swizzled tiles (attention/wgmma.cuh),
+// or mma.sync with ldmatrix on padded rows (D 256, and the targets without wgmma).
+template <int kD>
+constexpr bool kWgmmaTiles = NVFP4KV_HAS_WGMMA && kD <= 128;
+
+// The block's shared memory, carved in prefill_smem_bytes' order from the first
+// 1024-byte boundary.
 template <int kD>
 struct Smem {
   static constexpr int kStride = kD + kPad;  // halves between rows of Q, K and V (ldmatrix rows on distinct banks)
+  static constexpr int kTileBytes = kKvTile * kStride * 2;
+  static_assert(kTileBytes % 1024 == 0 && kRows * kStride * 2 % 1024 == 0, "swizzled panels stay 1024-byte aligned");
   __half* q;          // (kRows, kStride) the rows' queries, prescaled
   __half* ring;       // per stage: K then V, (kKvTile, kStride) each
   float* row_scale;   // (kRows) logit multiplier per row (base 2)
@@ -58,6 +68,7 @@ struct Smem {
   __device__ __half* k(int slot) const { return ring + size_t(slot) * 2 * kKvTile * kStride; }
   __device__ __half* v(int slot) const { return k(slot) + kKvTile * kStride; }
   __device__ static Smem carve(char* base, int stages) {
+    base += (1024u - (shared_address(base) & 1023u)) & 1023u;
     Smem s;
     s.q = reinterpret_cast<__half*>(base);
     s.ring = s.q + kRows * kStride;
@@ -222,9 +233,17 @@ __device__ __forceinline__ void store_tile(const PrefillParams& p, const Smem<kD
         out[4 * h + 3] = hmul2(__byte_perm(r[2], r[3], 0x7632), sf);  // 6, 7
       }
       const int j = pt / T::kGroups + k * T::kTokenStep;
-      uint4* to = reinterpret_cast<uint4*>((side ? s.v(slot) : s.k(slot)) + j * Smem<kD>::kStride + 16 * g);
-      to[0] = make_uint4(out[0], out[1], out[2], out[3]);
-      to[1] = make_uint4(out[4], out[5], out[6], out[7]);
+      __half* const tile = side ? s.v(slot) : s.k(slot);
+      uint4 *lo, *hi;
+      if constexpr (kWgmmaTiles<kD>) {  // columns 16g .. 16g + 7 and 16g + 8 .. 16g + 15 of row j
+        lo = reinterpret_cast<uint4*>(reinterpret_cast<char*>(tile) + swizzled_offset(kKvTile, j, 16 * g));
+        hi = reinterpret_cast<uint4*>(reinterpret_cast<char*>(tile) + swizzled_offset(kKvTile, j, 16 * g + 8));
+      } else {
+        lo = reinterpret_cast<uint4*>(tile + j * Smem<kD>::kStride + 16 * g);
+        hi = lo + 1;
+      }
+      *lo = make_uint4(out[0], out[1], out[2], out[3]);
+      *hi = make_uint4(out[4], out[5], out[6], out[7]);
     }
 }
 
@@ -237,8 +256,16 @@ __device__ void load_query(const PrefillParams& p, const Smem<kD>& s, const Bloc
   for (int r = b.warp; r < kRows; r += kConsumerWarps) {
     const int64_t token = b.row0 + b.i0 + r / group, head = b.kv_head * group + r % group;
     const uint16_t* const row = r < b.rows ? static_cast<const uint16_t*>(a.q) + token * stride + head * dim : nullptr;
-    const float scale = prescale_query_row<kD, kType, Format>(row, dim, b.lane, s.q + r * Smem<kD>::kStride,
-                                                              a.softmax_scale * k_global_scale);
+    float scale;
+    if constexpr (kWgmmaTiles<kD>) {
+      char* const q = reinterpret_cast<char*>(s.q);
+      scale = prescale_query_row_to<kD, kType, Format>(
+          row, dim, b.lane, [q, r](int col, __half v) { *reinterpret_cast<__half*>(q + swizzled_offset(kRows, r, col)) = v; },
+          a.softmax_scale * k_global_scale);
+    } else {
+      scale = prescale_query_row<kD, kType, Format>(row, dim, b.lane, s.q + r * Smem<kD>::kStride,
+                                                    a.softmax_scale * k_global_scale);
+    }
     if (b.lane == 0) s.row_scale[r] = scale;
   }
 }
@@ -250,35 +277,14 @@ struct WarpState {
   float m[2], l[2];  // rows g and g + 8: running max, this lane's partial sum
 };
 
-// The tile at kv0 for this warp's rows. kMask: some token of the tile is outside some
-// row's [window start, position] (else every logit counts, and none is compared).
+// The online softmax of this warp's rows g and g + 8 over a tile's logits (acc: S as
+// m16n8 accumulators, n-tile nt holding tokens kv0 + 8 nt ..): logits in base 2, masked
+// where kMask says the tile needs it, the rows' running max and sum moved on, O rescaled,
+// and acc left holding the probabilities P (relative to the new max).
 template <int kD, bool kSoftcap, bool kMask>
-__device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, int slot, const Block& b, int64_t kv0,
-                          const int64_t (&pos)[2], const float (&rs)[2], WarpState<kD>& st) {
-  constexpr int kStride = Smem<kD>::kStride;
-  const int c = b.lane & 3;
-  const int l8 = b.lane & 7, mi = b.lane >> 3;  // ldmatrix: the lane's row in its matrix, and the matrix
-  constexpr int kN = kKvTile / 8;  // n-tiles of 8 tokens
-  float acc[kN][4];
-#pragma unroll
-  for (int nt = 0; nt < kN; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-  // Q's matrices: rows 0-7 / 8-15 (mi & 1) by columns 0-7 / 8-15 (mi >> 1) of the k-step;
-  // K's: tokens 8 (2 np + (mi >> 1)) + l8 by columns 0-7 / 8-15 (mi & 1).
-  const __half* const qrow = s.q + (16 * b.warp + 8 * (mi & 1) + l8) * kStride + 8 * (mi >> 1);
-  const __half* const krow = s.k(slot) + (8 * (mi >> 1) + l8) * kStride + 8 * (mi & 1);
-#pragma unroll
-  for (int ks = 0; ks < kD / 16; ++ks) {
-    uint32_t a[4];
-    ldmatrix_x4(a, qrow + 16 * ks);
-#pragma unroll
-    for (int np = 0; np < kN / 2; ++np) {
-      uint32_t kb[4];
-      ldmatrix_x4(kb, krow + 16 * np * kStride + 16 * ks);
-      mma_16816(acc[2 * np], a[0], a[1], a[2], a[3], kb[0], kb[1]);
-      mma_16816(acc[2 * np + 1], a[0], a[1], a[2], a[3], kb[2], kb[3]);
-    }
-  }
-  // Logits in base 2, masked where the tile needs it, then the online softmax of rows g, g + 8.
+__device__ __forceinline__ void softmax_tile(const PrefillParams& p, int c, int64_t kv0, const int64_t (&pos)[2],
+                                             const float (&rs)[2], float (&acc)[kKvTile / 8][4], WarpState<kD>& st) {
+  constexpr int kN = kKvTile / 8;
   const Logits<kSoftcap> logits = Logits<kSoftcap>::make(p.args.softcap);
   int64_t start[2] = {0, 0};
   if constexpr (kMask) start[0] = window_start(pos[0], p.args.window), start[1] = window_start(pos[1], p.args.window);
@@ -319,6 +325,37 @@ __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, int slot, c
     st.o[dn][0] *= alpha[0], st.o[dn][1] *= alpha[0];
     st.o[dn][2] *= alpha[1], st.o[dn][3] *= alpha[1];
   }
+}
+
+// The tile at kv0 for this warp's rows (mma.sync). kMask: some token of the tile is
+// outside some row's [window start, position] (else every logit counts, and none is compared).
+template <int kD, bool kSoftcap, bool kMask>
+__device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, int slot, const Block& b, int64_t kv0,
+                          const int64_t (&pos)[2], const float (&rs)[2], WarpState<kD>& st) {
+  constexpr int kStride = Smem<kD>::kStride;
+  const int c = b.lane & 3;
+  const int l8 = b.lane & 7, mi = b.lane >> 3;  // ldmatrix: the lane's row in its matrix, and the matrix
+  constexpr int kN = kKvTile / 8;  // n-tiles of 8 tokens
+  float acc[kN][4];
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  // Q's matrices: rows 0-7 / 8-15 (mi & 1) by columns 0-7 / 8-15 (mi >> 1) of the k-step;
+  // K's: tokens 8 (2 np + (mi >> 1)) + l8 by columns 0-7 / 8-15 (mi & 1).
+  const __half* const qrow = s.q + (16 * b.warp + 8 * (mi & 1) + l8) * kStride + 8 * (mi >> 1);
+  const __half* const krow = s.k(slot) + (8 * (mi >> 1) + l8) * kStride + 8 * (mi & 1);
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    uint32_t a[4];
+    ldmatrix_x4(a, qrow + 16 * ks);
+#pragma unroll
+    for (int np = 0; np < kN / 2; ++np) {
+      uint32_t kb[4];
+      ldmatrix_x4(kb, krow + 16 * np * kStride + 16 * ks);
+      mma_16816(acc[2 * np], a[0], a[1], a[2], a[3], kb[0], kb[1]);
+      mma_16816(acc[2 * np + 1], a[0], a[1], a[2], a[3], kb[2], kb[3]);
+    }
+  }
+  softmax_tile<kD, kSoftcap, kMask>(p, c, kv0, pos, rs, acc, st);
   // O += P V: P's A fragments are the S accumulators of n-tiles 2kk and 2kk + 1; V's
   // matrices (transposed): tokens 0-7 / 8-15 (mi & 1) by columns 8 (2 dp + (mi >> 1)).
   const __half* const vrow = s.v(slot) + (8 * (mi & 1) + l8) * kStride + 8 * (mi >> 1);
@@ -336,6 +373,62 @@ __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, int slot, c
     }
   }
 }
+
+#if NVFP4KV_HAS_WGMMA
+// The tile at kv0 for this warp's warpgroup (64 rows), by warpgroup MMAs on the swizzled
+// tiles: S (64 x 64 tokens) = Q K^T over D in k-steps of 16 (both from shared memory,
+// K-major), this warp's softmax (masked where `mask` says), then O (64 x D) += P V with P
+// from registers and V N-major. Every warp of the warpgroup calls it for the same tile.
+template <int kD, bool kSoftcap>
+__device__ void take_tile_wgmma(const PrefillParams& p, const Smem<kD>& s, int slot, const Block& b, int64_t kv0,
+                                const int64_t (&pos)[2], const float (&rs)[2], bool mask, WarpState<kD>& st) {
+  constexpr int kN = kKvTile / 8;
+  const int c = b.lane & 3;
+  const char* const q = reinterpret_cast<const char*>(s.q) + (b.warp / 4) * 64 * 128;  // the warpgroup's 64 rows
+  const char* const k = reinterpret_cast<const char*>(s.k(slot));
+  const char* const v = reinterpret_cast<const char*>(s.v(slot));
+  float acc[kN][4];
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    // k-step ks: panel ks / 4, 32 bytes in per k-step inside it; 8-row groups 1024 bytes apart.
+    const uint64_t qd = swizzled_desc(q + (ks / 4) * kRows * 128 + (ks % 4) * 32, 16, 1024);
+    const uint64_t kd = swizzled_desc(k + (ks / 4) * kKvTile * 128 + (ks % 4) * 32, 16, 1024);
+    wgmma_m64n64k16_ss(acc, qd, kd, ks > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_accumulators(acc);
+  if (mask)
+    softmax_tile<kD, kSoftcap, true>(p, c, kv0, pos, rs, acc, st);
+  else
+    softmax_tile<kD, kSoftcap, false>(p, c, kv0, pos, rs, acc, st);
+  uint32_t pa[kKvTile / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kKvTile / 16; ++kk) {
+    pa[kk][0] = pack_half2(acc[2 * kk][0], acc[2 * kk][1]);
+    pa[kk][1] = pack_half2(acc[2 * kk][2], acc[2 * kk][3]);
+    pa[kk][2] = pack_half2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    pa[kk][3] = pack_half2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kKvTile / 16; ++kk) {
+    // Tokens 16 kk .. 16 kk + 15: rows 16 kk of every panel; panels (64 columns of D) a
+    // tile's rows apart, 8-row groups 1024 bytes apart.
+    const uint64_t vd = swizzled_desc(v + kk * 16 * 128, kKvTile * 128, 1024);
+    if constexpr (kD == 128)
+      wgmma_m64n128k16_rs_nmajor(st.o, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], vd, 1);
+    else
+      wgmma_m64n64k16_rs_nmajor(st.o, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], vd, 1);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_accumulators(st.o);
+}
+#endif
 
 // Which loop the producers take: a fast one where both sides' data rows allow an 8-byte
 // load of a group at a column stride of 1, every region's token mode is a plain stride whose
@@ -386,6 +479,7 @@ __device__ void produce(const PrefillParams& p, const Smem<kD>& s, const Block& 
   for (int j = 0, slot = 0, phase = 0; j < tiles; ++j) {
     if (j >= stages) barrier_wait_bounded(&s.empty[slot], phase);
     store_tile<kD, kFast, Place>(p, s, pt, slot, share);
+    if constexpr (kWgmmaTiles<kD>) fence_shared_to_async();  // the consumers' wgmma read the stores
     barrier_arrive(&s.full[slot]);
     if (j + 1 < tiles) {
       fetch_tile<kD, kFast>(p, b, pt, cb, pages, share);
@@ -479,6 +573,7 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   }
   warpgroup_take_registers<kConsumerRegs<kD>>();
   load_query<kD, kType>(p, s, b, kgs);
+  if constexpr (kWgmmaTiles<kD>) fence_shared_to_async();  // Q, read by wgmma
   sync_threads(0, kThreads);  // every row's query and multiplier in place; the ring's barriers initialized
 
   // This lane's rows: 16 warp + g and + 8; a row's query position and multiplier.
@@ -498,6 +593,10 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   const int64_t warp_first_pos = first_pos + (16 * b.warp) / group;
   const int64_t warp_last_pos = first_pos + min(16 * b.warp + 15, b.rows - 1) / group;
   const int64_t unmasked_from = window_start(warp_last_pos, a.window);
+  // The warpgroup MMAs run for a tile some row of the warpgroup sees (all four warps alike).
+  const int wg = b.warp / 4;
+  const bool wg_live = 64 * wg < b.rows;
+  const int64_t wg_last_pos = first_pos + min(64 * wg + 63, b.rows - 1) / group;
   WarpState<kD> st;
   for (int dn = 0; dn < kD / 8; ++dn) st.o[dn][0] = st.o[dn][1] = st.o[dn][2] = st.o[dn][3] = 0.0f;
   st.m[0] = st.m[1] = kNegInf;
@@ -507,8 +606,14 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   for (int j = 0, slot = 0, phase = 0; j < tiles; ++j) {
     barrier_wait(&s.full[slot], phase);  // round j / stages of the slot
     const int64_t kv0 = lo + int64_t(j) * kKvTile;
-    if (warp_live && kv0 <= warp_last_pos) {
-      if (kv0 >= unmasked_from && kv0 + kKvTile - 1 <= warp_first_pos)
+    const bool unmasked = kv0 >= unmasked_from && kv0 + kKvTile - 1 <= warp_first_pos;
+    if constexpr (kWgmmaTiles<kD>) {
+#if NVFP4KV_HAS_WGMMA
+      // A warp whose rows see none of the tile takes the masked path: its rows stay as they were.
+      if (wg_live && kv0 <= wg_last_pos) take_tile_wgmma<kD, kSoftcap>(p, s, slot, b, kv0, pos, rs, !unmasked, st);
+#endif
+    } else if (warp_live && kv0 <= warp_last_pos) {
+      if (unmasked)
         take_tile<kD, kSoftcap, false>(p, s, slot, b, kv0, pos, rs, st);
       else
         take_tile<kD, kSoftcap, true>(p, s, slot, b, kv0, pos, rs, st);
