@@ -448,46 +448,65 @@ __device__ __forceinline__ ProducerLoop producer_loop(const LayoutView& layout) 
 }
 
 // Registers per thread after setmaxnreg (multiples of 8; the block's 512 x 128 in all):
-// the consumers hold O (D / 2 floats a thread) and S (32), so D 256 takes 8 more from the producers.
+// the mma.sync consumers hold O (D / 2 floats a thread), S (32) and their fragments, so D 256
+// takes 8 more from the producers; the wgmma consumers keep no operand fragments (Q, K and V
+// stay in shared memory), so 160 leave the producers 96 for two tiles in flight.
 template <int kD>
-constexpr int kConsumerRegs = kD == 256 ? 200 : 192;
+constexpr int kConsumerRegs = kWgmmaTiles<kD> ? 160 : kD == 256 ? 200 : 192;
 template <int kD>
 constexpr int kProducerRegs = (kThreads * 128 - kConsumerThreads * kConsumerRegs<kD>) / kProducerThreads;
-static_assert(kProducerRegs<256> == 56 && kProducerRegs<128> == 64);
+static_assert(kProducerRegs<256> == 56 && kProducerRegs<128> == (kWgmmaTiles<128> ? 96 : 64));
+
+// Tiles whose raw bytes a producer thread holds in flight: two where they fit its registers
+// (D <= 128: 12 registers a tile at D 128), so that a tile's loads have a whole tile's store
+// and wait to land in (with one, each store waited for loads issued just before it: run 58).
+template <int kD>
+constexpr int kFetchAhead = kD <= 128 ? 2 : 1;
 
 // The producers' loop: tile j into stage j % stages once the consumers released its
-// previous tile. The next tile's bytes are requested right after a tile is stored, so
-// they are in flight while the producers wait for the next slot. The producers leave
-// without waiting for the consumers' last releases: a consumer waits only on full
-// barriers, which complete through the producers' own arrivals, so none can be left waiting.
+// previous tile. Tile j + kFetchAhead's bytes are requested right after tile j is stored
+// (into the registers tile j came in), so they are in flight while the producers store the
+// tiles between and wait for slots; the pages of the tile after that are read one tile
+// earlier still. The producers leave without waiting for the consumers' last releases: a
+// consumer waits only on full barriers, which complete through the producers' own
+// arrivals, so none can be left waiting.
 template <int kD, bool kFast, class Place>
 __device__ void produce(const PrefillParams& p, const Smem<kD>& s, const Block& b, int64_t lo, int64_t hi, int tiles) {
+  constexpr int kAhead = kFetchAhead<kD>;
   const int stages = p.geometry.stages;
   const int pt = b.tid - kConsumerThreads;
   const int64_t n = p.layout.dims().tokens_per_page;
   const int page_shift = (n & (n - 1)) == 0 ? __ffsll(n) - 1 : -1;
   const ColumnBase cb = column_base(p, b, pt % TileShare<kD>::kGroups);
-  TileShare<kD> share;
-  fetch_tile<kD, kFast>(p, b, pt, cb, tile_pages<kD>(p, b, pt, lo, lo, hi, page_shift), share);
-  TilePages<kD> pages = tile_pages<kD>(p, b, pt, lo + kKvTile, lo, hi, page_shift);
+  TileShare<kD> share[kAhead];
+#pragma unroll
+  for (int u = 0; u < kAhead; ++u)
+    if (u < tiles) fetch_tile<kD, kFast>(p, b, pt, cb, tile_pages<kD>(p, b, pt, lo + u * kKvTile, lo, hi, page_shift), share[u]);
+  TilePages<kD> pages = tile_pages<kD>(p, b, pt, lo + kAhead * kKvTile, lo, hi, page_shift);
   // The consumers' barrier in prefill_device, from this branch (the non-aligned form):
   // the ring's barriers are initialized.
   sync_threads(0, kThreads);
   // Stage j goes to slot j % stages; from the second round on, it waits for the
   // consumers' release of the slot's previous tile (the empty barrier's phase, flipping
-  // each round).
-  for (int j = 0, slot = 0, phase = 0; j < tiles; ++j) {
-    if (j >= stages) barrier_wait_bounded(&s.empty[slot], phase);
-    store_tile<kD, kFast, Place>(p, s, pt, slot, share);
-    if constexpr (kWgmmaTiles<kD>) fence_shared_to_async();  // the consumers' wgmma read the stores
-    barrier_arrive(&s.full[slot]);
-    if (j + 1 < tiles) {
-      fetch_tile<kD, kFast>(p, b, pt, cb, pages, share);
-      pages = tile_pages<kD>(p, b, pt, lo + int64_t(j + 2) * kKvTile, lo, hi, page_shift);
-    }
-    if (++slot == stages) {
-      slot = 0;
-      if (j >= stages) phase ^= 1;  // a round of waits done (the first round waits for nothing)
+  // each round). The loop is unrolled kAhead times so that each tile's registers are fixed.
+  int slot = 0, phase = 0;
+  for (int j0 = 0; j0 < tiles; j0 += kAhead) {
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      const int j = j0 + u;
+      if (j >= tiles) break;
+      if (j >= stages) barrier_wait_bounded(&s.empty[slot], phase);
+      store_tile<kD, kFast, Place>(p, s, pt, slot, share[u]);
+      if constexpr (kWgmmaTiles<kD>) fence_shared_to_async();  // the consumers' wgmma read the stores
+      barrier_arrive(&s.full[slot]);
+      if (j + kAhead < tiles) {
+        fetch_tile<kD, kFast>(p, b, pt, cb, pages, share[u]);
+        pages = tile_pages<kD>(p, b, pt, lo + int64_t(j + kAhead + 1) * kKvTile, lo, hi, page_shift);
+      }
+      if (++slot == stages) {
+        slot = 0;
+        if (j >= stages) phase ^= 1;  // a round of waits done (the first round waits for nothing)
+      }
     }
   }
 }
