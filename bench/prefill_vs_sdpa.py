@@ -12,11 +12,14 @@ counted as causal attention's FLOPs: 4 D per attended (query head, key token) pa
 Short-query cells (q length 4) run through the mixed-batch call (`--mixed`: its short-query
 route) and are also set beside one-token decode at the same batch and context (`nvfp4kv
 bench decode --json`): the issue's bound is 1.3x its time.
-Writes prefill.md, prefill.json and prefill_h200.png into --out.
+Writes prefill.md, prefill.json and prefill.png into --out. --from-log rebuilds them from a
+run's printed rows (its log), e.g. when a device call could not bring the files back.
 
 usage: prefill_vs_sdpa.py --nvfp4kv build/gpu/nvfp4kv --out DIR [--quick]
+       prefill_vs_sdpa.py --from-log LOG --gpu NAME --torch VERSION --out DIR
 """
 import argparse
+import ast
 import json
 import os
 import subprocess
@@ -120,10 +123,22 @@ def decode_ms(nvfp4kv, batch, context, hq, hkv, d):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--nvfp4kv", required=True)
+    ap.add_argument("--nvfp4kv")
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--from-log", help="rebuild the outputs from this log's printed rows; runs nothing")
+    ap.add_argument("--gpu", default="unknown GPU", help="with --from-log: the GPU the log's run used")
+    ap.add_argument("--torch", default="unknown", help="with --from-log: its PyTorch version")
     args = ap.parse_args()
+    if args.from_log:
+        with open(args.from_log) as f:
+            rows = [ast.literal_eval(line) for line in f if line.startswith("{'kind'")]
+        if not rows:
+            raise SystemExit(f"{args.from_log}: no rows")
+        write_outputs(rows, args.gpu, args.torch, args.out)
+        return
+    if not args.nvfp4kv:
+        ap.error("--nvfp4kv is required unless --from-log is given")
     import torch
     rows = []
     for cell in grid(args.quick):
@@ -138,16 +153,21 @@ def main():
             row["decode_ms"] = decode_ms(args.nvfp4kv, b, C + L, hq, hkv, d)
         rows.append(row)
         print(row, flush=True)
+    write_outputs(rows, torch.cuda.get_device_name(), torch.__version__, args.out)
+
+
+def write_outputs(rows, gpu, torch_version, out):
+    """prefill.json, prefill.md (printed too) and prefill.png of a run's rows."""
     # Extend cells against our own prefill rate at the same total length (the issue's goal).
     for r in rows:
         if r["kind"] == "extend":
             same = [p for p in rows if p["kind"] == "prefill" and p["batch"] == r["batch"] and p["q_heads"] == r["q_heads"]
                     and p["head_dim"] == r["head_dim"] and p["prompt"] == r["prompt"] + r["cached"]]
             r["of_own_prefill_rate"] = r["ours_tflops"] / same[0]["ours_tflops"] if same else None
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "prefill.json"), "w") as f:
-        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
-    lines = [f"GPU: {torch.cuda.get_device_name()}, PyTorch {torch.__version__}; SDPA on dense BF16 K/V, the faster "
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "prefill.json"), "w") as f:
+        json.dump(dict(gpu=gpu, torch=torch_version, rows=rows), f, indent=1)
+    lines = [f"GPU: {gpu}, PyTorch {torch_version}; SDPA on dense BF16 K/V, the faster "
              "of cuDNN and flash (named); TFLOP/s counted as causal FLOPs for both", "",
              "| kind | B | new | cached | heads q/kv | D | nvfp4kv ms | nvfp4kv TFLOP/s | SDPA ms | SDPA TFLOP/s | SDPA backend "
              "| nvfp4kv / SDPA rate | note |", "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---|"]
@@ -165,7 +185,7 @@ def main():
                      f"{r['sdpa_backend']} | {ratio} | {note} |")
     table = "\n".join(lines)
     print(table)
-    with open(os.path.join(args.out, "prefill.md"), "w") as f:
+    with open(os.path.join(out, "prefill.md"), "w") as f:
         f.write(table + "\n")
     try:
         import matplotlib
@@ -181,11 +201,11 @@ def main():
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
         ax.set_ylabel("TFLOP/s (causal FLOPs)")
-        ax.set_title("prefill / extend attention, H200, same run")
+        ax.set_title(f"prefill / extend attention, {gpu}, same run")
         ax.legend()
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
-        fig.savefig(os.path.join(args.out, "prefill_h200.png"), dpi=110)
+        fig.savefig(os.path.join(out, "prefill.png"), dpi=110)
     except ImportError as e:
         print("no plot:", e)
 
