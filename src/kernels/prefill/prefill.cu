@@ -279,11 +279,13 @@ struct WarpState {
 
 // The online softmax of this warp's rows g and g + 8 over a tile's logits (acc: S as
 // m16n8 accumulators, n-tile nt holding tokens kv0 + 8 nt ..): logits in base 2, masked
-// where kMask says the tile needs it, the rows' running max and sum moved on, O rescaled,
-// and acc left holding the probabilities P (relative to the new max).
+// where kMask says the tile needs it, the rows' running max and sum moved on, acc left
+// holding the probabilities P (relative to the new max), and alpha the factor O takes
+// before P V is added (rescale_o).
 template <int kD, bool kSoftcap, bool kMask>
-__device__ __forceinline__ void softmax_tile(const PrefillParams& p, int c, int64_t kv0, const int64_t (&pos)[2],
-                                             const float (&rs)[2], float (&acc)[kKvTile / 8][4], WarpState<kD>& st) {
+__device__ __forceinline__ void softmax_scores(const PrefillParams& p, int c, int64_t kv0, const int64_t (&pos)[2],
+                                               const float (&rs)[2], float (&acc)[kKvTile / 8][4], WarpState<kD>& st,
+                                               float (&alpha)[2]) {
   constexpr int kN = kKvTile / 8;
   const Logits<kSoftcap> logits = Logits<kSoftcap>::make(p.args.softcap);
   int64_t start[2] = {0, 0};
@@ -302,7 +304,6 @@ __device__ __forceinline__ void softmax_tile(const PrefillParams& p, int c, int6
       acc[nt][k] = x;
       mx[h] = fmaxf(mx[h], x);
     }
-  float alpha[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xFFFFFFFFu, mx[h], 1));
@@ -320,11 +321,21 @@ __device__ __forceinline__ void softmax_tile(const PrefillParams& p, int c, int6
     st.l[h] = st.l[h] * alpha[h] + sum;
     st.m[h] = m_new;
   }
+}
+template <int kD>
+__device__ __forceinline__ void rescale_o(WarpState<kD>& st, const float (&alpha)[2]) {
 #pragma unroll
   for (int dn = 0; dn < kD / 8; ++dn) {
     st.o[dn][0] *= alpha[0], st.o[dn][1] *= alpha[0];
     st.o[dn][2] *= alpha[1], st.o[dn][3] *= alpha[1];
   }
+}
+template <int kD, bool kSoftcap, bool kMask>
+__device__ __forceinline__ void softmax_tile(const PrefillParams& p, int c, int64_t kv0, const int64_t (&pos)[2],
+                                             const float (&rs)[2], float (&acc)[kKvTile / 8][4], WarpState<kD>& st) {
+  float alpha[2];
+  softmax_scores<kD, kSoftcap, kMask>(p, c, kv0, pos, rs, acc, st, alpha);
+  rescale_o(st, alpha);
 }
 
 // The tile at kv0 for this warp's rows (mma.sync). kMask: some token of the tile is
@@ -375,6 +386,65 @@ __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, int slot, c
 }
 
 #if NVFP4KV_HAS_WGMMA
+// S (this warpgroup's 64 rows x the tile's 64 tokens) = Q K^T from stage `slot`, issued and
+// committed (not waited for).
+template <int kD>
+__device__ __forceinline__ void issue_scores(const Smem<kD>& s, int slot, int wg, float (&acc)[kKvTile / 8][4]) {
+  const char* const q = reinterpret_cast<const char*>(s.q) + wg * 64 * 128;
+  const char* const k = reinterpret_cast<const char*>(s.k(slot));
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    const uint64_t qd = swizzled_desc(q + (ks / 4) * kRows * 128 + (ks % 4) * 32, 16, 1024);
+    const uint64_t kd = swizzled_desc(k + (ks / 4) * kKvTile * 128 + (ks % 4) * 32, 16, 1024);
+    wgmma_m64n64k16_ss(acc, qd, kd, ks > 0);
+  }
+  wgmma_commit();
+}
+// O += P V with P's A fragments pa and V from stage `slot`, issued and committed.
+template <int kD>
+__device__ __forceinline__ void issue_pv(const Smem<kD>& s, int slot, const uint32_t (&pa)[kKvTile / 16][4], WarpState<kD>& st) {
+  const char* const v = reinterpret_cast<const char*>(s.v(slot));
+#pragma unroll
+  for (int kk = 0; kk < kKvTile / 16; ++kk) {
+    const uint64_t vd = swizzled_desc(v + kk * 16 * 128, kKvTile * 128, 1024);
+    if constexpr (kD == 128)
+      wgmma_m64n128k16_rs_nmajor(st.o, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], vd, 1);
+    else
+      wgmma_m64n64k16_rs_nmajor(st.o, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], vd, 1);
+  }
+  wgmma_commit();
+}
+__device__ __forceinline__ void pack_p(const float (&acc)[kKvTile / 8][4], uint32_t (&pa)[kKvTile / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kKvTile / 16; ++kk) {
+    pa[kk][0] = pack_half2(acc[2 * kk][0], acc[2 * kk][1]);
+    pa[kk][1] = pack_half2(acc[2 * kk][2], acc[2 * kk][3]);
+    pa[kk][2] = pack_half2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    pa[kk][3] = pack_half2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+  }
+}
+
+// One step of the pipelined consumer loop: tile j's scores (stage `slot`) and the previous
+// tile's P V (stage `pv_slot`, P in pa) issued together, tile j's softmax while P V runs,
+// then O rescaled and tile j's P packed into pa. Straight-line between issue and wait.
+template <int kD, bool kSoftcap, bool kMask>
+__device__ __forceinline__ void pipelined_step(const PrefillParams& p, const Smem<kD>& s, int wg, int c, int slot,
+                                               int pv_slot, int64_t kv0, const int64_t (&pos)[2], const float (&rs)[2],
+                                               float (&acc)[kKvTile / 8][4], uint32_t (&pa)[kKvTile / 16][4],
+                                               WarpState<kD>& st) {
+  wgmma_fence();
+  issue_scores<kD>(s, slot, wg, acc);
+  issue_pv<kD>(s, pv_slot, pa, st);
+  wgmma_wait<1>();  // the scores; P V may still run
+  fence_accumulators(acc);
+  float alpha[2];
+  softmax_scores<kD, kSoftcap, kMask>(p, c, kv0, pos, rs, acc, st, alpha);
+  wgmma_wait<0>();
+  fence_accumulators(st.o);
+  rescale_o(st, alpha);
+  pack_p(acc, pa);
+}
+
 // The tile at kv0 for this warp's warpgroup (64 rows), by warpgroup MMAs on the swizzled
 // tiles: S (64 x 64 tokens) = Q K^T over D in k-steps of 16 (both from shared memory,
 // K-major), this warp's softmax (masked where `mask` says), then O (64 x D) += P V with P
@@ -452,10 +522,10 @@ __device__ __forceinline__ ProducerLoop producer_loop(const LayoutView& layout) 
 // takes 8 more from the producers; the wgmma consumers keep no operand fragments (Q, K and V
 // stay in shared memory), so 160 leave the producers 96 for two tiles in flight.
 template <int kD>
-constexpr int kConsumerRegs = kWgmmaTiles<kD> ? 160 : kD == 256 ? 200 : 192;
+constexpr int kConsumerRegs = kWgmmaTiles<kD> ? 168 : kD == 256 ? 200 : 192;
 template <int kD>
 constexpr int kProducerRegs = (kThreads * 128 - kConsumerThreads * kConsumerRegs<kD>) / kProducerThreads;
-static_assert(kProducerRegs<256> == 56 && kProducerRegs<128> == (kWgmmaTiles<128> ? 96 : 64));
+static_assert(kProducerRegs<256> == 56 && kProducerRegs<128> == (kWgmmaTiles<128> ? 88 : 64));
 
 // Tiles whose raw bytes a producer thread holds in flight: two where they fit its registers
 // (D <= 128: 12 registers a tile at D 128), so that a tile's loads have a whole tile's store
@@ -622,7 +692,57 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   st.l[0] = st.l[1] = 0.0f;
   // Every consumer waits for every stage in order and releases it, also a warp that
   // skips it (an early release would count toward the slot's previous fill).
-  for (int j = 0, slot = 0, phase = 0; j < tiles; ++j) {
+#if NVFP4KV_HAS_WGMMA
+  if constexpr (kWgmmaTiles<kD>) {
+    if (stages >= 2) {
+      // Software-pipelined over tiles (a warpgroup holds two stages at most, so the ring needs
+      // two): tile j's scores are issued, then tile j - 1's P V, and tile j's softmax runs while
+      // that P V is on the tensor cores; O takes tile j's rescale once it is done, and stage
+      // j - 1 is released then. The warpgroup's tiles are a prefix of the block's (their first
+      // token at or before its last row's position); the rest are waited for and released.
+      // (Broadcast from lane 0, as the mask choice below: ptxas then knows them warp-uniform and
+      // keeps the wgmma asynchronous across the branches on them; computed per lane it
+      // serialized every wgmma, its C7520 note.)
+      const int64_t wg_first_pos = first_pos + (64 * wg) / group;
+      const int64_t wg_unmasked_from = window_start(wg_last_pos, a.window);
+      const int wg_tiles =
+          __shfl_sync(0xFFFFFFFFu, wg_live ? int(min(int64_t(tiles), (wg_last_pos - lo) / kKvTile + 1)) : 0, 0);
+      float acc[kKvTile / 8][4];
+      uint32_t pa[kKvTile / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kKvTile / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0;  // P of "tile -1"
+      int prev = 0;
+      for (int j = 0, slot = 0, phase = 0; j < tiles; ++j) {
+        barrier_wait(&s.full[slot], phase);
+        if (j < wg_tiles) {
+          const int64_t kv0 = lo + int64_t(j) * kKvTile;
+          // No branch while a wgmma is in flight (ptxas would serialize them all): the mask
+          // choice takes the whole step, and tile 0 adds a zero P times its own V. The choice is
+          // the warpgroup's (every warp of it must issue the same wgmma instructions; a choice
+          // per warp made synccheck report mismatched warpgroup instruction addresses).
+          const bool unmasked = __shfl_sync(0xFFFFFFFFu, kv0 >= wg_unmasked_from && kv0 + kKvTile - 1 <= wg_first_pos, 0);
+          if (unmasked)
+            pipelined_step<kD, kSoftcap, false>(p, s, wg, c, slot, j > 0 ? prev : slot, kv0, pos, rs, acc, pa, st);
+          else
+            pipelined_step<kD, kSoftcap, true>(p, s, wg, c, slot, j > 0 ? prev : slot, kv0, pos, rs, acc, pa, st);
+          if (j > 0) barrier_arrive(&s.empty[prev]);
+          if (j == wg_tiles - 1) {  // the warpgroup's last tile: its P V now
+            wgmma_fence();
+            issue_pv<kD>(s, slot, pa, st);
+            wgmma_wait<0>();
+            fence_accumulators(st.o);
+            barrier_arrive(&s.empty[slot]);
+          }
+        } else {
+          barrier_arrive(&s.empty[slot]);
+        }
+        prev = slot;
+        if (++slot == stages) slot = 0, phase ^= 1;
+      }
+    }
+  }
+#endif
+  for (int j = 0, slot = 0, phase = 0; j < tiles && !(kWgmmaTiles<kD> && stages >= 2); ++j) {
     barrier_wait(&s.full[slot], phase);  // round j / stages of the slot
     const int64_t kv0 = lo + int64_t(j) * kKvTile;
     const bool unmasked = kv0 >= unmasked_from && kv0 + kKvTile - 1 <= warp_first_pos;
