@@ -160,7 +160,7 @@ def main():
             ax.set_xlabel("context (tokens)")
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("cache bytes read per second (TB/s)")
-        axes[0].set_title("decode, 32 q / 8 kv heads, D 128, H200")
+        axes[0].set_title(f"decode, 32 q / 8 kv heads, D 128, {torch.cuda.get_device_name()}")
         axes[1].axhline(3.56, color="gray", lw=1, ls=":", label="byte ratio 3.56x")
         axes[1].axhline(1.0, color="black", lw=0.8)
         axes[1].set_ylabel("speed vs SDPA on BF16")

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Prefill-attention variants side by side in one GPU session, as decode_variants.sh does for
 # decode: for each patch (applied alone on top of the working tree), build the CLI for sm_90a
-# in its own directory and time a few prefill shapes (`nvfp4kv bench prefill`, which checks
-# each shape against the fp64 reference before timing it). The tree itself (build/gpu) runs
+# in its own directory and time a few prefill shapes (`nvfp4kv bench prefill`, which times
+# without checking the output: correctness is the GPU tests' job, and probes time wrong results). The tree itself (build/gpu) runs
 # first as the baseline.  Usage: [NVFP4KV_VARIANT_SHAPES="--batch 1 --prompt 8192"] bench/prefill_variants.sh A.patch [B.patch ...]
 set -uo pipefail
 root=$PWD
