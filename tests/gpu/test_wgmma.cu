@@ -1,6 +1,7 @@
 // The warpgroup MMA building blocks prefill's consumers use (src/kernels/attention/wgmma.cuh),
 // on their own: tiles written through swizzled_offset, read by wgmma through swizzled_desc,
-// as prefill lays them out (Q of 128 rows, each warpgroup its 64; K and V of 64 tokens), must
+// with the descriptors prefill takes (kmajor_desc, nmajor_desc) and prefill's tile shapes (Q of
+// 128 rows, each warpgroup its 64; K and V of 64 tokens), must
 // give exactly the plain products S = Q K^T (K-major operands from shared memory) and
 // O = P V (P from registers as mma.sync's A fragments, V N-major), for D 64 and 128. Small
 // integers make every product and sum exact, so one wrong descriptor field, swizzle or
@@ -42,14 +43,12 @@ __global__ void wgmma_tiles(const __half* q, const __half* k, const __half* p, c
   fence_shared_to_async();
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const char* const qw = sq + (warp / 4) * 64 * 128;
   float acc[8][4];
   for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kD / 16; ++ks)
-    wgmma_m64n64k16_ss(acc, swizzled_desc(qw + (ks / 4) * kQRows * 128 + (ks % 4) * 32, 16, 1024),
-                       swizzled_desc(sk + (ks / 4) * kTokens * 128 + (ks % 4) * 32, 16, 1024), ks > 0);
+    wgmma_m64n64k16_ss(acc, kmajor_desc(sq, kQRows, 64 * (warp / 4), ks), kmajor_desc(sk, kTokens, 0, ks), ks > 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_accumulators(acc);
@@ -71,7 +70,7 @@ __global__ void wgmma_tiles(const __half* q, const __half* k, const __half* p, c
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    const uint64_t vd = swizzled_desc(sv + kk * 16 * 128, kTokens * 128, 1024);
+    const uint64_t vd = nmajor_desc(sv, kTokens, kk);
     if constexpr (kD == 128)
       wgmma_m64n128k16_rs_nmajor(out, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], vd, 1);
     else

@@ -43,6 +43,18 @@ __device__ __forceinline__ uint64_t swizzled_desc(const void* at, uint32_t leadi
          (uint64_t((stride >> 4) & 0x3FFFu) << 32) | (uint64_t(1) << 62);
 }
 
+// The descriptor of k-step ks (columns 16 ks .. 16 ks + 15) of a K-major operand: rows row0 ..
+// row0 + 63 (row0 a multiple of 8) of a swizzled tile of `rows` rows. Inside a panel a k-step
+// moves the start by 32 bytes; 8-row groups are 1024 bytes apart.
+__device__ __forceinline__ uint64_t kmajor_desc(const void* tile, int rows, int row0, int ks) {
+  return swizzled_desc(static_cast<const char*>(tile) + swizzled_offset(rows, row0, 16 * ks), 16, 1024);
+}
+// The descriptor of k-step kk (rows 16 kk .. 16 kk + 15) of an N-major operand: a swizzled tile
+// of `rows` rows whose columns are N; its 64-column panels are a panel's bytes apart.
+__device__ __forceinline__ uint64_t nmajor_desc(const void* tile, int rows, int kk) {
+  return swizzled_desc(static_cast<const char*>(tile) + swizzled_offset(rows, 16 * kk, 0), rows * 128, 1024);
+}
+
 #if NVFP4KV_HAS_WGMMA
 // Orders this warpgroup's register accesses before the wgmma that follow (accumulators
 // written by ordinary instructions, register A operands).

@@ -1,4 +1,5 @@
-// Paged prefill / extend attention over the NVFP4 cache (mma.sync, warp-specialized).
+// Paged prefill / extend attention over the NVFP4 cache (warp-specialized; wgmma on sm_90a at
+// D <= 128, mma.sync elsewhere).
 //
 // A thread block owns (query tile, kv head, sequence): tokens_per_tile new tokens
 // of one sequence times the query heads of one GQA group, as up to 128 rows (row r:
@@ -10,13 +11,16 @@
 //    share of the next tile's raw bytes in registers (data words and block scales of
 //    (token, 16-element group) items, read through the validated layout's tile map, so
 //    any layout the validator accepts is read; the block-table entries one tile further
-//    ahead), and writes K and V as (token, D) FP16 rows, e2m1 * 2^-14 * block scale
+//    ahead), and writes K and V as (token, D) FP16 rows (128-byte-swizzled panels for
+//    wgmma, padded rows for mma.sync), e2m1 * 2^-14 * block scale
 //    (exact; the shared attention/dequant.cuh placement); tokens outside the rows'
 //    range are zeros;
-//  - 8 consumer warps own 16 rows each: S = Q K^T (m16n8k16: M = the warp's 16 rows,
-//    N = 8 tokens, K = 16 columns of D; Q and K fragments by ldmatrix), masks (causal,
-//    window) only on tiles that need it, the online softmax in base 2, and O += P V
-//    with P straight from the S accumulators as A fragments and V's by ldmatrix.trans.
+//  - 8 consumer warps own 16 rows each: S = Q K^T, masks (causal, window) only on tiles
+//    that need it, the online softmax in base 2, and O += P V with P straight from the S
+//    accumulators as A fragments. On sm_90a at D <= 128 they are two warpgroups issuing
+//    wgmma from the swizzled tiles (attention/wgmma.cuh), pipelined so that a tile's softmax
+//    runs while the previous tile's P V is on the tensor cores; elsewhere mma.sync m16n8k16
+//    with Q, K and V fragments by ldmatrix (V's by ldmatrix.trans).
 // Global scales, the query's power-of-two prescale and the placement's 2^-14 fold
 // into one logit multiplier per row and one output multiplier.
 #include <cuda_bf16.h>
@@ -59,7 +63,7 @@ struct Smem {
   static constexpr int kStride = kD + kPad;  // halves between rows of Q, K and V (ldmatrix rows on distinct banks)
   static constexpr int kTileBytes = kKvTile * kStride * 2;
   static_assert(kTileBytes % 1024 == 0 && kRows * kStride * 2 % 1024 == 0, "swizzled panels stay 1024-byte aligned");
-  __half* q;          // (kRows, kStride) the rows' queries, prescaled
+  __half* q;          // (kRows, kStride) the rows' queries, prescaled (wgmma: swizzled panels, no padding)
   __half* ring;       // per stage: K then V, (kKvTile, kStride) each
   float* row_scale;   // (kRows) logit multiplier per row (base 2)
   int* flags;         // [0]: a bad page among the sequence's tokens
@@ -390,23 +394,17 @@ __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, int slot, c
 // committed (not waited for).
 template <int kD>
 __device__ __forceinline__ void issue_scores(const Smem<kD>& s, int slot, int wg, float (&acc)[kKvTile / 8][4]) {
-  const char* const q = reinterpret_cast<const char*>(s.q) + wg * 64 * 128;
-  const char* const k = reinterpret_cast<const char*>(s.k(slot));
 #pragma unroll
-  for (int ks = 0; ks < kD / 16; ++ks) {
-    const uint64_t qd = swizzled_desc(q + (ks / 4) * kRows * 128 + (ks % 4) * 32, 16, 1024);
-    const uint64_t kd = swizzled_desc(k + (ks / 4) * kKvTile * 128 + (ks % 4) * 32, 16, 1024);
-    wgmma_m64n64k16_ss(acc, qd, kd, ks > 0);
-  }
+  for (int ks = 0; ks < kD / 16; ++ks)
+    wgmma_m64n64k16_ss(acc, kmajor_desc(s.q, kRows, 64 * wg, ks), kmajor_desc(s.k(slot), kKvTile, 0, ks), ks > 0);
   wgmma_commit();
 }
 // O += P V with P's A fragments pa and V from stage `slot`, issued and committed.
 template <int kD>
 __device__ __forceinline__ void issue_pv(const Smem<kD>& s, int slot, const uint32_t (&pa)[kKvTile / 16][4], WarpState<kD>& st) {
-  const char* const v = reinterpret_cast<const char*>(s.v(slot));
 #pragma unroll
   for (int kk = 0; kk < kKvTile / 16; ++kk) {
-    const uint64_t vd = swizzled_desc(v + kk * 16 * 128, kKvTile * 128, 1024);
+    const uint64_t vd = nmajor_desc(s.v(slot), kKvTile, kk);
     if constexpr (kD == 128)
       wgmma_m64n128k16_rs_nmajor(st.o, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], vd, 1);
     else
@@ -445,56 +443,26 @@ __device__ __forceinline__ void pipelined_step(const PrefillParams& p, const Sme
   pack_p(acc, pa);
 }
 
-// The tile at kv0 for this warp's warpgroup (64 rows), by warpgroup MMAs on the swizzled
-// tiles: S (64 x 64 tokens) = Q K^T over D in k-steps of 16 (both from shared memory,
-// K-major), this warp's softmax (masked where `mask` says), then O (64 x D) += P V with P
-// from registers and V N-major. Every warp of the warpgroup calls it for the same tile.
+// The tile at kv0 for this warp's warpgroup (64 rows), one tile at a time (the loop for a
+// ring of one stage): S = Q K^T, this warp's softmax (masked where the warpgroup's `mask`
+// says: every warp of it must issue the same wgmma), then O += P V. Every warp of the
+// warpgroup calls it for the same tile.
 template <int kD, bool kSoftcap>
-__device__ void take_tile_wgmma(const PrefillParams& p, const Smem<kD>& s, int slot, const Block& b, int64_t kv0,
+__device__ void take_tile_wgmma(const PrefillParams& p, const Smem<kD>& s, int slot, int wg, int c, int64_t kv0,
                                 const int64_t (&pos)[2], const float (&rs)[2], bool mask, WarpState<kD>& st) {
-  constexpr int kN = kKvTile / 8;
-  const int c = b.lane & 3;
-  const char* const q = reinterpret_cast<const char*>(s.q) + (b.warp / 4) * 64 * 128;  // the warpgroup's 64 rows
-  const char* const k = reinterpret_cast<const char*>(s.k(slot));
-  const char* const v = reinterpret_cast<const char*>(s.v(slot));
-  float acc[kN][4];
-#pragma unroll
-  for (int nt = 0; nt < kN; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  float acc[kKvTile / 8][4];
+  uint32_t pa[kKvTile / 16][4];
   wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < kD / 16; ++ks) {
-    // k-step ks: panel ks / 4, 32 bytes in per k-step inside it; 8-row groups 1024 bytes apart.
-    const uint64_t qd = swizzled_desc(q + (ks / 4) * kRows * 128 + (ks % 4) * 32, 16, 1024);
-    const uint64_t kd = swizzled_desc(k + (ks / 4) * kKvTile * 128 + (ks % 4) * 32, 16, 1024);
-    wgmma_m64n64k16_ss(acc, qd, kd, ks > 0);
-  }
-  wgmma_commit();
+  issue_scores<kD>(s, slot, wg, acc);
   wgmma_wait<0>();
   fence_accumulators(acc);
   if (mask)
     softmax_tile<kD, kSoftcap, true>(p, c, kv0, pos, rs, acc, st);
   else
     softmax_tile<kD, kSoftcap, false>(p, c, kv0, pos, rs, acc, st);
-  uint32_t pa[kKvTile / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < kKvTile / 16; ++kk) {
-    pa[kk][0] = pack_half2(acc[2 * kk][0], acc[2 * kk][1]);
-    pa[kk][1] = pack_half2(acc[2 * kk][2], acc[2 * kk][3]);
-    pa[kk][2] = pack_half2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
-    pa[kk][3] = pack_half2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
-  }
+  pack_p(acc, pa);
   wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kKvTile / 16; ++kk) {
-    // Tokens 16 kk .. 16 kk + 15: rows 16 kk of every panel; panels (64 columns of D) a
-    // tile's rows apart, 8-row groups 1024 bytes apart.
-    const uint64_t vd = swizzled_desc(v + kk * 16 * 128, kKvTile * 128, 1024);
-    if constexpr (kD == 128)
-      wgmma_m64n128k16_rs_nmajor(st.o, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], vd, 1);
-    else
-      wgmma_m64n64k16_rs_nmajor(st.o, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], vd, 1);
-  }
-  wgmma_commit();
+  issue_pv<kD>(s, slot, pa, st);
   wgmma_wait<0>();
   fence_accumulators(st.o);
 }
@@ -519,19 +487,20 @@ __device__ __forceinline__ ProducerLoop producer_loop(const LayoutView& layout) 
 
 // Registers per thread after setmaxnreg (multiples of 8; the block's 512 x 128 in all):
 // the mma.sync consumers hold O (D / 2 floats a thread), S (32) and their fragments, so D 256
-// takes 8 more from the producers; the wgmma consumers keep no operand fragments (Q, K and V
-// stay in shared memory), so 160 leave the producers 96 for two tiles in flight.
+// takes 8 more from the producers; the wgmma consumers hold O, S and P (16) but no Q, K or V
+// fragments (those stay in shared memory), so 168 leave the producers 88 for two tiles in flight.
 template <int kD>
 constexpr int kConsumerRegs = kWgmmaTiles<kD> ? 168 : kD == 256 ? 200 : 192;
 template <int kD>
 constexpr int kProducerRegs = (kThreads * 128 - kConsumerThreads * kConsumerRegs<kD>) / kProducerThreads;
 static_assert(kProducerRegs<256> == 56 && kProducerRegs<128> == (kWgmmaTiles<128> ? 88 : 64));
 
-// Tiles whose raw bytes a producer thread holds in flight: two where they fit its registers
-// (D <= 128: 12 registers a tile at D 128), so that a tile's loads have a whole tile's store
-// and wait to land in (with one, each store waited for loads issued just before it: run 58).
+// Tiles whose raw bytes a producer thread holds in flight: two where the wgmma consumers leave
+// the producers 88 registers (12 a tile at D 128; with mma.sync consumers the producers keep
+// 64, where two were never measured), so that a tile's loads have a whole tile's store and
+// wait to land in (run 59: -2 % at long prompts, the spills gone).
 template <int kD>
-constexpr int kFetchAhead = kD <= 128 ? 2 : 1;
+constexpr int kFetchAhead = kWgmmaTiles<kD> ? 2 : 1;
 
 // The producers' loop: tile j into stage j % stages once the consumers released its
 // previous tile. Tile j + kFetchAhead's bytes are requested right after tile j is stored
@@ -682,10 +651,13 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   const int64_t warp_first_pos = first_pos + (16 * b.warp) / group;
   const int64_t warp_last_pos = first_pos + min(16 * b.warp + 15, b.rows - 1) / group;
   const int64_t unmasked_from = window_start(warp_last_pos, a.window);
-  // The warpgroup MMAs run for a tile some row of the warpgroup sees (all four warps alike).
+  // The warpgroup MMAs run for a tile some row of the warpgroup sees, and choose the mask for
+  // the warpgroup (all four warps must issue the same wgmma instructions).
   const int wg = b.warp / 4;
   const bool wg_live = 64 * wg < b.rows;
+  const int64_t wg_first_pos = first_pos + (64 * wg) / group;
   const int64_t wg_last_pos = first_pos + min(64 * wg + 63, b.rows - 1) / group;
+  const int64_t wg_unmasked_from = window_start(wg_last_pos, a.window);
   WarpState<kD> st;
   for (int dn = 0; dn < kD / 8; ++dn) st.o[dn][0] = st.o[dn][1] = st.o[dn][2] = st.o[dn][3] = 0.0f;
   st.m[0] = st.m[1] = kNegInf;
@@ -703,8 +675,6 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
       // (Broadcast from lane 0, as the mask choice below: ptxas then knows them warp-uniform and
       // keeps the wgmma asynchronous across the branches on them; computed per lane it
       // serialized every wgmma, its C7520 note.)
-      const int64_t wg_first_pos = first_pos + (64 * wg) / group;
-      const int64_t wg_unmasked_from = window_start(wg_last_pos, a.window);
       const int wg_tiles =
           __shfl_sync(0xFFFFFFFFu, wg_live ? int(min(int64_t(tiles), (wg_last_pos - lo) / kKvTile + 1)) : 0, 0);
       float acc[kKvTile / 8][4];
@@ -718,8 +688,8 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
           const int64_t kv0 = lo + int64_t(j) * kKvTile;
           // No branch while a wgmma is in flight (ptxas would serialize them all): the mask
           // choice takes the whole step, and tile 0 adds a zero P times its own V. The choice is
-          // the warpgroup's (every warp of it must issue the same wgmma instructions; a choice
-          // per warp made synccheck report mismatched warpgroup instruction addresses).
+          // the warpgroup's (a choice per warp made synccheck report mismatched warpgroup
+          // instruction addresses, run 61).
           const bool unmasked = __shfl_sync(0xFFFFFFFFu, kv0 >= wg_unmasked_from && kv0 + kKvTile - 1 <= wg_first_pos, 0);
           if (unmasked)
             pipelined_step<kD, kSoftcap, false>(p, s, wg, c, slot, j > 0 ? prev : slot, kv0, pos, rs, acc, pa, st);
@@ -749,7 +719,9 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
     if constexpr (kWgmmaTiles<kD>) {
 #if NVFP4KV_HAS_WGMMA
       // A warp whose rows see none of the tile takes the masked path: its rows stay as they were.
-      if (wg_live && kv0 <= wg_last_pos) take_tile_wgmma<kD, kSoftcap>(p, s, slot, b, kv0, pos, rs, !unmasked, st);
+      if (wg_live && kv0 <= wg_last_pos)
+        take_tile_wgmma<kD, kSoftcap>(p, s, slot, wg, c, kv0, pos, rs,
+                                      !(kv0 >= wg_unmasked_from && kv0 + kKvTile - 1 <= wg_first_pos), st);
 #endif
     } else if (warp_live && kv0 <= warp_last_pos) {
       if (unmasked)
