@@ -83,23 +83,28 @@ def load_spec(name_or_path: str) -> LayoutSpec:
 
 def load(name_or_path: str, *, layers: Optional[int] = None, pages: Optional[int] = None,
          tokens_per_page: Optional[int] = None, heads: Optional[int] = None,
-         head_dim: Optional[int] = None) -> Layout:
+         head_dim: Optional[int] = None, k_element: Optional[str] = None,
+         v_element: Optional[str] = None) -> Layout:
     """A concrete Layout from a preset name or a JSON file, binding the sizes the
-    description leaves open (given ones override its defaults). Not yet checked."""
-    return _instantiate(load_spec(name_or_path), layers, pages, tokens_per_page, heads, head_dim)
+    description leaves open (given ones override its defaults) and, with k_element /
+    v_element ("nvfp4" or "fp8_e4m3"), what each side's bytes hold. Not yet checked."""
+    return _instantiate(load_spec(name_or_path), layers, pages, tokens_per_page, heads, head_dim, k_element, v_element)
 
 
 def from_json(text: str, *, layers: Optional[int] = None, pages: Optional[int] = None,
               tokens_per_page: Optional[int] = None, heads: Optional[int] = None,
-              head_dim: Optional[int] = None) -> Layout:
+              head_dim: Optional[int] = None, k_element: Optional[str] = None,
+              v_element: Optional[str] = None) -> Layout:
     """A concrete Layout from JSON text (docs/layouts.md), as ``load``."""
-    return _instantiate(_core.parse_layout_spec(text), layers, pages, tokens_per_page, heads, head_dim)
+    return _instantiate(_core.parse_layout_spec(text), layers, pages, tokens_per_page, heads, head_dim, k_element,
+                        v_element)
 
 
-def _instantiate(spec: LayoutSpec, layers, pages, tokens_per_page, heads, head_dim) -> Layout:
+def _instantiate(spec: LayoutSpec, layers, pages, tokens_per_page, heads, head_dim, k_element=None,
+                 v_element=None) -> Layout:
     # The library's messages name the CLI's flags; _core says them as keyword arguments.
     return spec.instantiate(layers=layers, pages=pages, tokens_per_page=tokens_per_page, heads=heads,
-                            head_dim=head_dim)
+                            head_dim=head_dim, k_element=k_element, v_element=v_element)
 
 
 def check_report(layout: Layout) -> CheckReport:
@@ -214,11 +219,14 @@ def compare(writer: Union[Layout, ValidLayout], reader: Union[Layout, ValidLayou
 
 def plan(*, layers: int, kv_heads: int, head_dim: int, tokens_per_page: int = 16,
          memory_bytes: Optional[int] = None, pages: Optional[int] = None, tp_size: int = 1, tp_rank: int = 0,
-         cross_layer: bool = False, interleave_v_scales: bool = False) -> Plan:
+         cross_layer: bool = False, interleave_v_scales: bool = False, k_element: str = "nvfp4",
+         v_element: str = "nvfp4") -> Plan:
     """nvfp4kv's native layout for this rank: from a memory budget (all layers)
-    or a page count to a proven layout, bytes per page and token capacity."""
+    or a page count to a proven layout, bytes per page and token capacity. k_element and
+    v_element ("nvfp4" or "fp8_e4m3") say what each side's bytes hold: FP8 rows are D bytes
+    with no block scales (the global scale is the per-tensor scale)."""
     return _core.plan(layers, kv_heads, head_dim, tokens_per_page, memory_bytes, pages, tp_size, tp_rank,
-                      cross_layer, interleave_v_scales)
+                      cross_layer, interleave_v_scales, k_element, v_element)
 
 
 def show(layout: Union[Layout, ValidLayout, Plan], layer: int = 0, page: int = 0) -> str:
@@ -229,6 +237,7 @@ def show(layout: Union[Layout, ValidLayout, Plan], layer: int = 0, page: int = 0
     lines = ["%s: %s" % (concrete.name, concrete.summary),
              "dims: layers %d, pages %d, tokens per page %d, heads %d, head dim %d"
              % (d.layers, d.pages, d.tokens_per_page, d.heads, d.head_dim),
+             "elements: K %s, V %s" % (d.k_element, d.v_element),
              "buffers: " + ", ".join("%s %d bytes%s" % (b.name, b.bytes, " per layer" if b.per_layer else "")
                                      for b in concrete.buffers),
              "check: " + report.summary(), ""]

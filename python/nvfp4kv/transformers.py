@@ -113,6 +113,64 @@ class _Layer(CacheLayerMixin):
         raise NotImplementedError("nvfp4kv.transformers.KVCache: beam search is not supported")
 
 
+def _format_doc(format: Any) -> Optional[Dict[str, Any]]:
+    """A cache format (dict, JSON text or path) as a dict, or None where it does not parse (then
+    nvfp4kv.with_format, given the original, says why)."""
+    try:
+        if isinstance(format, dict):
+            return dict(format)
+        if isinstance(format, os.PathLike) or (isinstance(format, str) and not format.lstrip().startswith("{")):
+            with open(format, "r", encoding="utf-8") as f:
+                return json.load(f)
+        if isinstance(format, str):
+            return json.loads(format)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _element_groups(doc: Optional[Dict[str, Any]], layers: int) -> Dict[Tuple[str, str], List[int]]:
+    """The model's layers by (K element, V element) of the format, in order of first appearance.
+    A malformed format makes one group: with_format then names what is wrong with it."""
+    every = {("nvfp4", "nvfp4"): list(range(layers))}
+    entries = doc.get("layers") if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or len(entries) not in (1, layers) or \
+            not all(isinstance(e, dict) for e in entries):
+        return every
+
+    def element(entry: Dict[str, Any], side: str) -> str:
+        t = entry.get(side)
+        e = t.get("element", "nvfp4") if isinstance(t, dict) else "nvfp4"
+        return e if e in ("nvfp4", "fp8_e4m3") else "nvfp4"
+
+    groups: Dict[Tuple[str, str], List[int]] = {}
+    for layer in range(layers):
+        entry = entries[0 if len(entries) == 1 else layer]
+        groups.setdefault((element(entry, "k"), element(entry, "v")), []).append(layer)
+    return groups
+
+
+def _group_format(doc: Dict[str, Any], members: List[int], layers: int, heads: int, dim: int) -> Dict[str, Any]:
+    """The format of one group of layers: their entries, and their rows of K's mean."""
+    out = dict(doc)
+    out["layers"] = [doc["layers"][layer] for layer in members]
+    if doc.get("k_mean") is not None:
+        mu = np.asarray(doc["k_mean"], dtype=np.float64).reshape(-1)
+        if mu.size == layers * heads * dim:  # otherwise with_format names the size
+            out["k_mean"] = mu.reshape(layers, heads, dim)[members].reshape(-1)
+    return out
+
+
+def _layers_of(scales: Any, members: List[int], layers: int) -> Any:
+    """Global scales for a group of layers: one value for all, or the members' of a per-layer list
+    (a list of another length is passed on whole, and the group's cache says what it needs)."""
+    a = np.asarray(scales, dtype=np.float64)
+    if a.ndim == 0:
+        return float(a)
+    flat = a.reshape(-1)
+    return [float(flat[layer]) for layer in members] if flat.size == layers else [float(x) for x in flat]
+
+
 class KVCache(Cache):
     """A transformers Cache whose keys and values live in one nvfp4kv cache (all layers).
 
@@ -127,9 +185,11 @@ class KVCache(Cache):
     tokens_per_page: page size (16 by default).
     rule:        the store's scale rule, "standard" or "4over6" (without ``format``).
     format:      the cache format (nvfp4kv.with_format: a dict, JSON text or path): per layer and
-                 tensor the scale rule, a Hadamard rotation, K smoothing mu; the writer and every
-                 reader take it from the one layout object. The CPU reference implements it; the
-                 GPU kernels refuse what they do not implement yet. Its rules replace ``rule``.
+                 tensor the element format (NVFP4 or FP8 E4M3), the scale rule, a Hadamard rotation,
+                 K smoothing mu; the writer and every reader take it from the one layout object.
+                 Layers whose K/V elements differ live in one native cache per combination
+                 (``writers``, ``route(layer)``). The CPU reference implements every format; the GPU
+                 kernels refuse what they do not implement yet. Its rules replace ``rule``.
     calibration: a calibration file (``nvfp4kv calibrate``): its recommended format and global
                  scales, after checking it was made for this model's layers, kv heads and head dim
                  (a mismatch raises before anything is allocated).
@@ -167,34 +227,82 @@ class KVCache(Cache):
             if max_tokens <= 0:
                 raise ValueError("KVCache: max_tokens must be positive, got %d" % max_tokens)
             pages = -(-int(max_tokens) // tokens_per_page)
-        if layout is None:
-            plan = nvfp4kv.plan(layers=layers, kv_heads=kv_heads, head_dim=head_dim, tokens_per_page=tokens_per_page,
-                                pages=pages, memory_bytes=memory_bytes)
-            valid = plan.layout
-        else:
-            valid = self._sized_layout(layout, layers, kv_heads, head_dim, tokens_per_page, pages, memory_bytes)
-        if format is not None:
-            if rule != "standard":
-                raise ValueError("KVCache: give the scale rules in format=, not rule= (the format's rules apply)")
-            valid = nvfp4kv.with_format(valid, format)
-            fp8 = [i for i, layer in enumerate(json.loads(valid.format_json)["layers"])
-                   if "fp8_e4m3" in (layer["k"]["element"], layer["v"]["element"])]
-            if fp8:  # refused here, before any step, rather than at the first store
-                raise nvfp4kv.UnsupportedError(
-                    "KVCache: the format stores FP8 in layer(s) %s; layouts place NVFP4 pages only so far, so a "
-                    "cache cannot hold FP8 yet (the format and calibration files describe it already)" % fp8)
-        # The writer stores, the reader attends: one nvfp4kv cache, unless a test stages a reader
-        # that disagrees with the writer (over the same buffers) to prove it is caught.
-        self.writer = nvfp4kv.Cache(valid, "cpu" if self.device.type == "cpu" else str(self.device))
-        self.reader = self.writer
-        d = self.writer.dims
+        # The layers grouped by what their K and V bytes hold (a layout holds one element format
+        # per side): one nvfp4kv cache per group, each layer stored and read in its group's.
+        doc = _format_doc(format) if format is not None else None
+        groups = _element_groups(doc, layers)
+        if len(groups) > 1 and layout is not None:
+            raise ValueError("KVCache: the format stores layers in %d element formats (%s); a layout of one's own holds "
+                             "one per side, so leave layout= out (the native layout is planned per group)"
+                             % (len(groups), ", ".join("K %s V %s" % g for g in groups)))
+        if memory_bytes is not None and len(groups) > 1:
+            per_page = sum(nvfp4kv.plan(layers=len(ls), kv_heads=kv_heads, head_dim=head_dim,
+                                        tokens_per_page=tokens_per_page, pages=1, k_element=g[0],
+                                        v_element=g[1]).bytes_per_page for g, ls in groups.items())
+            pages = int(memory_bytes) // per_page
+            if pages < 1:
+                raise ValueError("KVCache: memory_bytes=%d holds no page: one page of every layer needs %d bytes"
+                                 % (memory_bytes, per_page))
+            memory_bytes = None
+        if format is not None and rule != "standard":
+            raise ValueError("KVCache: give the scale rules in format=, not rule= (the format's rules apply)")
+        self.writers: List[Any] = []
+        self._route: List[Tuple[int, int]] = [(0, 0)] * layers  # model layer -> (group, layer in the group)
+        for g, ((k_element, v_element), members) in enumerate(groups.items()):
+            if layout is None:
+                valid = nvfp4kv.plan(layers=len(members), kv_heads=kv_heads, head_dim=head_dim,
+                                     tokens_per_page=tokens_per_page, pages=pages, memory_bytes=memory_bytes,
+                                     k_element=k_element, v_element=v_element).layout
+            else:
+                valid = self._sized_layout(layout, layers, kv_heads, head_dim, tokens_per_page, pages, memory_bytes)
+            if format is not None:  # one group: the format as given, so the library's parser judges it
+                valid = nvfp4kv.with_format(valid, format if len(groups) == 1 else
+                                            _group_format(doc, members, layers, kv_heads, head_dim))
+            self.writers.append(nvfp4kv.Cache(valid, "cpu" if self.device.type == "cpu" else str(self.device)))
+            for local, layer in enumerate(members):
+                self._route[layer] = (g, local)
+        # The writers store, the readers attend: the same caches, unless a test stages a reader
+        # that disagrees with its writer (over the same buffers) to prove it is caught.
+        self.readers: List[Any] = list(self.writers)
+        d = self.writers[0].dims
         self.layers_count, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.tokens_per_page, self.pages = d.tokens_per_page, d.pages
         self.rule, self.dtype = rule, dtype
         if global_scales is not None:
-            self.writer.set_global_scales(*global_scales)
+            for g, members in enumerate(groups.values()):
+                self.writers[g].set_global_scales(*(_layers_of(s, members, layers) for s in global_scales))
         super().__init__(layers=[_Layer(self, i, s) for i, s in enumerate(_sliding_layers(config, layers))])
         self._reset_sequences()
+
+    @property
+    def writer(self) -> Any:
+        """The nvfp4kv cache every layer is stored in (when all layers share their element formats)."""
+        return self._single("writer")
+
+    @writer.setter
+    def writer(self, cache: Any) -> None:
+        self._single("writer")
+        self.writers[0] = cache
+
+    @property
+    def reader(self) -> Any:
+        """The nvfp4kv cache every layer is read from (when all layers share their element formats)."""
+        return self._single("reader")
+
+    @reader.setter
+    def reader(self, cache: Any) -> None:
+        self._single("reader")
+        self.readers[0] = cache
+
+    def _single(self, what: str) -> Any:
+        if len(self.writers) != 1:
+            raise AttributeError("KVCache: its layers live in %d caches (one per element format); use %ss[group] and "
+                                 "route(layer)" % (len(self.writers), what))
+        return (self.writers if what == "writer" else self.readers)[0]
+
+    def route(self, layer: int) -> Tuple[int, int]:
+        """(group, layer within the group's cache) of a model layer: writers[group] stores it."""
+        return self._route[layer]
 
     @staticmethod
     def _sized_layout(layout, layers, kv_heads, head_dim, tokens_per_page, pages, memory_bytes):
@@ -225,7 +333,8 @@ class KVCache(Cache):
         self._q_lens: List[int] = []                    # this step's real tokens per sequence
         self._cu_q: Optional[torch.Tensor] = None       # (batch + 1,) int32 offsets of their rows
         self._row_index: Optional[torch.Tensor] = None  # (sum q_lens,) int64 their rows in batch * q
-        self.writer.reset_status()
+        for w in self.writers:
+            w.reset_status()
 
     @property
     def lengths(self) -> np.ndarray:
@@ -304,7 +413,8 @@ class KVCache(Cache):
             raise RuntimeError("KVCache: layer %d updated before layer 0 of this step" % layer_idx)
         k = self._rows(key_states)
         v = self._rows(value_states)
-        self.writer.store(k, v, self._slots, layer_idx, rule=self.rule)
+        group, local = self._route[layer_idx]
+        self.writers[group].store(k, v, self._slots, local, rule=self.rule)
         _state.cache = self
         return key_states, value_states
 
@@ -343,7 +453,8 @@ class KVCache(Cache):
     def bytes_per_token(self) -> float:
         """Cache bytes per token, all layers: K and V data and scales (9 D / 16 per head and side
         for NVFP4; the format's bits per value where it has one)."""
-        return self.layers_count * self.kv_heads * 2 * self.head_dim * self.writer.layout.bits_per_value / 8
+        bits = sum(w.layout.bits_per_value * w.dims.layers for w in self.writers) / self.layers_count
+        return self.layers_count * self.kv_heads * 2 * self.head_dim * bits / 8
 
     # ---- reading ----------------------------------------------------------------------------
     def gather(self, layer: int, dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -359,7 +470,8 @@ class KVCache(Cache):
         cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)).to(self.device)
         k_rows = torch.empty(total, self.kv_heads, self.head_dim, dtype=dtype, device=self.device)
         v_rows = torch.empty_like(k_rows)
-        self.reader.gather(self._table, cu, layer, k_rows, v_rows)
+        group, local = self._route[layer]
+        self.readers[group].gather(self._table, cu, local, k_rows, v_rows)
         k = torch.zeros(self.batch, longest, self.kv_heads, self.head_dim, dtype=dtype, device=self.device)
         v = torch.zeros_like(k)
         index = torch.from_numpy(np.concatenate([b * longest + np.arange(n) for b, n in enumerate(lengths)])
@@ -377,7 +489,8 @@ class KVCache(Cache):
         out = torch.empty_like(q)
         if sinks is not None:
             sinks = sinks.to(device=self.device, dtype=torch.float32).contiguous()
-        self.reader.decode(q, self._table, self._seq_lens, layer, out, softmax_scale=float(scaling),
+        group, local = self._route[layer]
+        self.readers[group].decode(q, self._table, self._seq_lens, local, out, softmax_scale=float(scaling),
                           window=int(window), softcap=float(softcap), sinks=sinks)
         return out
 
@@ -397,7 +510,8 @@ class KVCache(Cache):
         if sinks is not None:
             sinks = sinks.to(device=self.device, dtype=torch.float32).contiguous()
         if rows.shape[0] > 0:
-            self.reader.attention(rows, self._cu_q, self._q_lens, self._table, self._seq_lens, layer, out,
+            group, local = self._route[layer]
+            self.readers[group].attention(rows, self._cu_q, self._q_lens, self._table, self._seq_lens, local, out,
                                   softmax_scale=float(scaling), window=int(window), softcap=float(softcap),
                                   sinks=sinks)
         full = torch.zeros(batch * q_len, q_heads, dim, dtype=dtype, device=self.device)

@@ -40,6 +40,13 @@ inline Result gpu_cache_checks(const ValidLayout& layout, const CacheBuffers& bu
 // kernel takes one scale rule for K and V. On success *rule (store only) is the rule the
 // kernel must use: the format's, or the call's where the layout has no format.
 inline Result format_checks(const ValidLayout& layout, int64_t layer, const char* who, ScaleRule* rule = nullptr) {
+  const CacheDims& d = layout.layout().dims;
+  for (Side s : {Side::kK, Side::kV})
+    if (d.fp8(s))
+      return {Status::kUnsupported, std::string(who) + ": layout " + quote_text(layout.layout().name) + " holds " +
+                                        (s == Side::kK ? "K" : "V") +
+                                        " as fp8_e4m3; the GPU kernels read and write NVFP4 pages only so far (the "
+                                        "CPU reference implements FP8 pages)"};
   const CacheFormat& f = layout.format();
   if (f.implicit()) return {};
   const auto unsupported = [&](const std::string& why) {

@@ -21,7 +21,16 @@ std::vector<OptionSpec> size_options() {
           {"pages", "P", "pages per layer"},
           {"heads", "H", "kv heads the layout holds (per tensor-parallel rank)"},
           {"head-dim", "D", "head dim, a multiple of 16"},
-          {"tokens-per-page", "N", "tokens per page"}};
+          {"tokens-per-page", "N", "tokens per page"},
+          {"k-element", "nvfp4|fp8_e4m3", "what K's bytes hold (the layout's own, else nvfp4)"},
+          {"v-element", "nvfp4|fp8_e4m3", "what V's bytes hold (the layout's own, else nvfp4)"}};
+}
+
+std::optional<ElementFormat> element_option(const Args& a, const std::string& name) {
+  const std::optional<std::string> v = a.get(name);
+  if (!v) return std::nullopt;
+  if (std::optional<ElementFormat> f = element_format_named(*v)) return f;
+  throw UsageError("--" + name + " expects nvfp4 or fp8_e4m3, got " + quote_text(*v));
 }
 
 std::string help_text(const CommandSpec& spec) {
@@ -170,7 +179,9 @@ std::optional<int64_t> Args::bytes(const std::string& name) const {
 }
 
 DimsOverride dims_from(const Args& a) {
-  return {a.integer("layers"), a.integer("pages"), a.integer("tokens-per-page"), a.integer("heads"), a.integer("head-dim")};
+  return {a.integer("layers"),   a.integer("pages"),           a.integer("tokens-per-page"),
+          a.integer("heads"),    a.integer("head-dim"),        element_option(a, "k-element"),
+          element_option(a, "v-element")};
 }
 
 LoadedLayout load_layout(const std::string& name_or_path, const DimsOverride& given, const DimsOverride& fallback) {

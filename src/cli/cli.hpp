@@ -71,6 +71,8 @@ class Args {
 };
 
 DimsOverride dims_from(const Args& args);
+// --k-element / --v-element: nvfp4 or fp8_e4m3 (UsageError otherwise).
+std::optional<ElementFormat> element_option(const Args& args, const std::string& name);
 
 // A check's exit code: 0 sound, 1 unsound, 2 undecided (sizes past the proof's bounds).
 inline int verdict_code(const CheckReport& r) { return r.ok ? kExitOk : r.undecided ? kExitUsage : kExitVerdict; }

@@ -66,6 +66,8 @@ const CommandSpec& plan_spec() {
        {"layout", "LAYOUT", "size this layout (a preset or a file) instead of the native one"},
        {"cross-layer", nullptr, "native layout: one allocation for all layers"},
        {"v-scales", "linear|interleave4", "native layout: V scales linear (default) or in the 4-token interleave"},
+       {"k-element", "nvfp4|fp8_e4m3", "native layout: what K's bytes hold (default nvfp4)"},
+       {"v-element", "nvfp4|fp8_e4m3", "native layout: what V's bytes hold (default nvfp4)"},
        kJsonOption},
       ""};
   return s;
@@ -78,13 +80,25 @@ void print_assumed(const std::vector<std::string>& assumed) {
 void print_regions(const Layout& l, const CheckReport* rep) {
   const CacheDims& d = l.dims;
   std::cout << "dims     layers " << d.layers << ", pages " << d.pages << ", tokens/page " << d.tokens_per_page
-            << ", heads " << d.heads << ", head dim " << d.head_dim << "  (data row " << d.data_bytes()
-            << " B, scale row " << d.scale_bytes() << " B)\n";
+            << ", heads " << d.heads << ", head dim " << d.head_dim << "\n";
+  for (Side s : {Side::kK, Side::kV}) {
+    const SideRegions reg = side_regions(s);
+    std::cout << "elements " << (s == Side::kK ? "K " : "V ") << element_format_name(d.element(s)) << ": data row "
+              << d.columns(reg.data) << " B"
+              << (d.fp8(s) ? ", no scales (the global scale is the per-tensor scale)"
+                           : ", scale row " + std::to_string(d.columns(reg.scale)) + " B")
+              << "\n";
+  }
   for (const Buffer& b : l.buffers)
     std::cout << "buffer   \"" << b.name << "\" " << b.bytes << " B" << (b.per_layer ? " per layer" : " (all layers)")
               << "\n";
   std::cout << "region     buffer        offset      layer       page     head  token            column         vector\n";
   for (Region r : kAllRegions) {
+    if (!d.holds(r)) {
+      std::cout << std::left << std::setw(10) << region_name(r) << " " << std::right
+                << "none: its side holds fp8_e4m3 (no block scales)\n";
+      continue;
+    }
     const RegionMap& m = l.region(r);
     std::cout << std::left << std::setw(10) << region_name(r) << " " << std::setw(10)
               << l.buffers.at(size_t(m.buffer)).name << std::right << std::setw(10) << m.offset << std::setw(11)
@@ -132,7 +146,8 @@ int cmd_show(const Args& a) {
   CacheFormat format;
   if (const auto path = a.get("format")) {
     format = load_format(*path);
-    if (std::string p = format_problem(format, l.dims); !p.empty()) throw LayoutError(*path + ": " + p);
+    for (const std::string& p : {format_problem(format, l.dims), element_problem(format, l.dims)})
+      if (!p.empty()) throw LayoutError(*path + ": " + p);
   }
   if (a.flag("json")) {
     Json buffers = Json::array();
@@ -144,6 +159,8 @@ int cmd_show(const Args& a) {
                           {"dims", dims_json(l.dims)},
                           {"assumed", ld.assumed},
                           {"buffers", buffers},
+                          {"elements", {{"k", element_format_name(l.dims.k_element)},
+                                        {"v", element_format_name(l.dims.v_element)}}},
                           {"codes", code_order_text(l.codes)},
                           {"capacity_tokens", cells},
                           {"total_bytes", l.total_bytes()},
@@ -151,7 +168,8 @@ int cmd_show(const Args& a) {
                           {"check", check_json(res.report)},
                           {"layout_json", layout_json(l)},
                           {"format", {{"implicit", format.implicit()},
-                                      {"bits_per_value", bits_per_value(format, l.dims.layers)},
+                                      {"bits_per_value", format.implicit() ? bits_per_value(l.dims)
+                                                                           : bits_per_value(format, l.dims.layers)},
                                       {"format_json", Json::parse(format_to_json(format))}}}});
     return verdict_code(res.report);
   }
@@ -251,6 +269,10 @@ int cmd_plan(const Args& a) {
   const std::string vs = a.get("v-scales").value_or("linear");
   if (vs == "interleave4") q.interleave_v_scales = true;
   else if (vs != "linear") throw UsageError("--v-scales expects linear or interleave4, got " + quote_text(vs));
+  q.k_element = element_option(a, "k-element").value_or(ElementFormat::kNvfp4);
+  q.v_element = element_option(a, "v-element").value_or(ElementFormat::kNvfp4);
+  if (own && (a.get("k-element") || a.get("v-element")))
+    throw UsageError("--k-element and --v-element shape the native layout; --layout says its own elements");
   q.layout = own;
   const Plan p = plan(q);
   const Layout& l = p.layout.layout();

@@ -194,6 +194,10 @@ Kit generate(const ValidLayout& valid, const KitOptions& opt) {
   require(l.codes.is_standard(), "layout " + quote_text(l.name) + " keeps a data byte's codes in the " +
                                      code_order_text(l.codes) +
                                      " order; conformance kits cover the standard order only so far");
+  // The signatures are NVFP4 blocks: a block scale and E2M1 codes designed together.
+  require(!d.fp8(Side::kK) && !d.fp8(Side::kV),
+          "layout " + quote_text(l.name) + " holds " + (d.fp8(Side::kK) ? "K" : "V") +
+              " as fp8_e4m3; conformance kits cover NVFP4 pages only so far (their signatures are NVFP4 blocks)");
   require(opt.layer >= 0 && opt.layer < d.layers,
           "layer " + std::to_string(opt.layer) + " is outside the layout's [0, " + std::to_string(d.layers) + ")");
   // The signatures are designed in the stored codes of the standard rule: a transform or 4over6

@@ -22,10 +22,10 @@ std::string byte_map(const Layout& layout, int64_t layer, int64_t page, int max_
     if (v < 0 || v >= extent)
       throw LayoutError(std::string(what) + " " + std::to_string(v) + " is outside the cache's [0, " + std::to_string(extent) + ")");
   // One page, every region: the elements drawn (no overflow: the whole cache is within 2^62).
-  const int64_t drawn = d.heads * d.tokens_per_page * 2 * (d.data_bytes() + d.scale_bytes());
+  const int64_t drawn = d.heads * d.tokens_per_page * d.row_bytes();
   if (drawn > kMaxEnumerated)
     throw LayoutError("the byte map of one page draws heads " + std::to_string(d.heads) + " x tokens per page " +
-                      std::to_string(d.tokens_per_page) + " x " + std::to_string(2 * (d.data_bytes() + d.scale_bytes())) +
+                      std::to_string(d.tokens_per_page) + " x " + std::to_string(d.row_bytes()) +
                       " elements = " + std::to_string(drawn) + ", more than " + std::to_string(kMaxEnumerated) +
                       " (2^23), the bound on any enumeration; draw fewer heads or tokens per page");
   std::ostringstream out;

@@ -49,8 +49,8 @@ std::string tensor_problem(const TensorFormat& t, const CacheDims& d, const std:
 }
 
 ElementFormat element_from(const json& v, const std::string& where) {
-  if (v == "nvfp4") return ElementFormat::kNvfp4;
-  if (v == "fp8_e4m3") return ElementFormat::kFp8E4M3;
+  if (v.is_string())
+    if (std::optional<ElementFormat> f = element_format_named(v.get<std::string>())) return *f;
   throw LayoutError(where + ": expected \"nvfp4\" or \"fp8_e4m3\", got " + json_excerpt(v));
 }
 
@@ -97,6 +97,12 @@ std::string tensor_text(const TensorFormat& t) {
 
 const char* element_format_name(ElementFormat f) {
   return f == ElementFormat::kFp8E4M3 ? "fp8_e4m3" : "nvfp4";
+}
+
+std::optional<ElementFormat> element_format_named(std::string_view name) {
+  if (name == "nvfp4") return ElementFormat::kNvfp4;
+  if (name == "fp8_e4m3") return ElementFormat::kFp8E4M3;
+  return std::nullopt;
 }
 
 const char* scale_rule_name(ScaleRule r) { return r == ScaleRule::kFourOverSix ? "4over6" : "standard"; }
@@ -157,6 +163,8 @@ std::string format_problem(const CacheFormat& f, const CacheDims& d) {
 double bits_per_value(ElementFormat f) { return f == ElementFormat::kFp8E4M3 ? 8.0 : 4.5; }
 
 double bits_per_value(const LayerFormat& f) { return (bits_per_value(f.k.element) + bits_per_value(f.v.element)) / 2; }
+
+double bits_per_value(const CacheDims& d) { return (bits_per_value(d.k_element) + bits_per_value(d.v_element)) / 2; }
 
 double bits_per_value(const CacheFormat& f, int64_t layers) {
   if (layers < 1) throw ArgumentError("bits_per_value: layers must be >= 1, got " + std::to_string(layers));
@@ -224,7 +232,13 @@ CacheFormat load_format(const std::string& path) {
 std::string format_text(const CacheFormat& f, const CacheDims& d) {
   std::ostringstream s;
   if (f.implicit()) {
-    s << "  plain NVFP4 for K and V in every layer (scale rule per store call), 4.5 bits per value\n";
+    if (!d.fp8(Side::kK) && !d.fp8(Side::kV)) {
+      s << "  plain NVFP4 for K and V in every layer (scale rule per store call), 4.5 bits per value\n";
+    } else {
+      s << "  K " << element_format_name(d.k_element) << ", V " << element_format_name(d.v_element)
+        << " in every layer (the layout's elements; NVFP4's scale rule per store call), no transforms, "
+        << bits_per_value(d) << " bits per value\n";
+    }
     return s.str();
   }
   // Runs of equal layers: "layers 0-7: K nvfp4 standard, V nvfp4 standard (4.5 bits)".
@@ -250,9 +264,22 @@ std::string format_text(const CacheFormat& f, const CacheDims& d) {
   return s.str();
 }
 
+std::string element_problem(const CacheFormat& f, const CacheDims& d) {
+  for (size_t l = 0; l < f.layers.size(); ++l)
+    for (Side s : {Side::kK, Side::kV})
+      if (f.layers[l].side(s).element != d.element(s))
+        return "format.layers[" + std::to_string(l) + "]." + (s == Side::kK ? "k" : "v") +
+               ".element: " + element_format_name(f.layers[l].side(s).element) + ", but the layout holds " +
+               (s == Side::kK ? "K" : "V") + " as " + element_format_name(d.element(s)) +
+               " (a layout holds one element format per side: layers that differ take a layout of their own, "
+               "e.g. from plan with k_element; docs/format.md, \"Cache formats\")";
+  return "";
+}
+
 ValidLayout with_format(const ValidLayout& layout, CacheFormat format) {
-  if (std::string p = format_problem(format, layout.layout().dims); !p.empty())
-    throw LayoutError("layout \"" + layout.layout().name + "\": " + p);
+  const CacheDims& d = layout.layout().dims;
+  for (const std::string& p : {format_problem(format, d), element_problem(format, d)})
+    if (!p.empty()) throw LayoutError("layout \"" + layout.layout().name + "\": " + p);
   ValidLayout v = layout;
   v.format_ = std::move(format);
   return v;

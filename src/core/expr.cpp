@@ -121,7 +121,7 @@ class Parser {
       if (!v) {
         pos_ = start;
         fail("unknown or open size " + quote_text(name) +
-             " (known: L P N H D dd sd F; an open size must be given, e.g. --heads)");
+             " (known: L P N H D dd sd F kd ks vd vs; an open size must be given, e.g. --heads)");
       }
       return *v;
     }

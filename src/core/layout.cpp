@@ -182,18 +182,23 @@ std::string evaluation_problem(const Layout& l) {
   if (l.buffers.size() > size_t(kMaxBuffers))
     return std::to_string(l.buffers.size()) + " buffers; a layout has at most " + std::to_string(kMaxBuffers) +
            " (a cache hands kernels " + std::to_string(kMaxBuffers) + " base pointers)";
-  // Elements of the whole cache: K and V, D/2 data bytes and D/16 scales per token and head.
+  for (Side side : {Side::kK, Side::kV})
+    if (d.element(side) != ElementFormat::kNvfp4 && d.element(side) != ElementFormat::kFp8E4M3)
+      return std::string(side == Side::kK ? "K" : "V") + " has an unknown element format " +
+             std::to_string(int(d.element(side)));
+  // Elements of the whole cache: K and V, their data and scale columns per token and head.
   i128 count = 1;
   std::string factors;
   for (auto [v, what] : {std::pair{i128(d.layers), "layers "}, {i128(d.pages), "pages "}, {i128(d.heads), "heads "},
                          {i128(d.tokens_per_page), "tokens per page "},
-                         {2 * (i128(d.data_bytes()) + d.scale_bytes()), "elements per token and head "}}) {
+                         {i128(d.row_bytes()), "elements per token and head "}}) {
     factors += std::string(factors.empty() ? "" : " x ") + what + decimal(v);
     count = std::min<i128>(count * v, i128(kOffsetLimit) + 1);  // both factors <= 2^64: no overflow
   }
   if (count > kOffsetLimit)
     return factors + " is more than " + bound + " elements, the bound on any count; lower the sizes";
   for (Region r : kAllRegions) {
+    if (!d.holds(r)) continue;  // an FP8 side's scale region: no element, no offset to compute
     const RegionMap& m = l.region(r);
     const std::string rn = region_name(r);
     if (m.buffer < 0 || size_t(m.buffer) >= l.buffers.size())
@@ -248,6 +253,8 @@ int64_t Layout::total_bytes() const {
 void interleave_scale_plane(Layout& l, Region r) {
   RegionMap& m = l.regions[size_t(r)];
   const int64_t sd = l.dims.scale_bytes();
+  if (is_scale(r) && !l.dims.holds(r))
+    throw LayoutError(std::string(region_name(r)) + ": its side holds fp8_e4m3 elements, which have no block scales to interleave");
   if (!is_scale(r) || !m.token.is_plain() || m.token.stride != sd || !(m.column == Mode(1)))
     throw LayoutError(std::string(region_name(r)) + ": only a linear, contiguous scale plane can be interleaved");
   m.token = Mode(4, 1, 4 * sd);

@@ -282,6 +282,7 @@ void check_structure(const Layout& layout, CheckReport& rep) {
     need(b.bytes > 0, "buffer " + quote_text(b.name) + " has size " + std::to_string(b.bytes));
   }
   for (Region r : kAllRegions) {
+    if (!d.holds(r)) continue;
     const RegionMap& m = layout.region(r);
     const std::string rn = region_name(r);
     const Buffer& b = layout.buffers[size_t(m.buffer)];
@@ -301,6 +302,7 @@ void check_structure(const Layout& layout, CheckReport& rep) {
 
 void check_bounds(const Layout& layout, CheckReport& rep) {
   for (Region r : kAllRegions) {
+    if (!layout.dims.holds(r)) continue;
     const Coord c = last_coord(layout, r);
     const int64_t last = layout.offset(r, c);
     const Buffer& b = layout.buffers[size_t(layout.region(r).buffer)];
@@ -318,6 +320,7 @@ int64_t lowest_power_of_two(int64_t g) { return g & -g; }
 void report_access(const Layout& layout, CheckReport& rep) {
   const CacheDims& d = layout.dims;
   for (Region r : kAllRegions) {
+    if (!d.holds(r)) continue;  // nothing to access: the default (1-byte rows, no dense plane)
     const RegionMap& m = layout.region(r);
     RegionAccess& a = rep.access[size_t(r)];
     const Buffer& b = layout.buffers[size_t(m.buffer)];
@@ -351,7 +354,7 @@ void check_overlap(const Layout& layout, CheckReport& rep) {
   for (int32_t buf = 0; buf < int32_t(layout.buffers.size()); ++buf) {
     std::vector<Region> group;
     for (Region r : kAllRegions)
-      if (layout.region(r).buffer == buf) group.push_back(r);
+      if (layout.region(r).buffer == buf && layout.dims.holds(r)) group.push_back(r);
     if (group.empty()) continue;
     if (BufferProver(layout, buf, group).cell_elements() <= kMaxEnumerated || group.size() == 1) {
       all.push_back({buf, group});

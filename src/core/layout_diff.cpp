@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <vector>
 
 namespace nvfp4kv {
 namespace {
@@ -42,8 +43,14 @@ std::string stride_text(const CacheDims& d, int64_t stride, std::optional<Region
       {"N*sd", N * sd, false, true},    {"N*F", N * F, true, true},       {"2*N*F", 2 * N * F, true, true},
       {"H*N*dd", H * N * dd, true, false}, {"H*N*sd", H * N * sd, false, true}, {"H*N*F", H * N * F, true, true},
       {"2*H*N*F", 2 * H * N * F, true, true}};
+  // An FP8 side's data rows are D bytes: its strides are spelled in D.
+  const int64_t D = d.head_dim;
+  const Form fp8_forms[] = {{"D", D, true, false},         {"2*D", 2 * D, true, false},   {"H*D", H * D, true, false},
+                            {"2*H*D", 2 * H * D, true, false}, {"N*D", N * D, true, false}, {"H*N*D", H * N * D, true, false}};
+  const bool fp8_data = r && !is_scale(*r) && d.fp8(side_of(*r));
   std::string found;
-  for (const Form& f : forms) {
+  for (const Form& f : fp8_data ? std::vector<Form>(std::begin(fp8_forms), std::end(fp8_forms))
+                                : std::vector<Form>(std::begin(forms), std::end(forms))) {
     if (f.value != stride || (r && !(is_scale(*r) ? f.scale : f.data))) continue;
     if (!found.empty()) return std::to_string(stride);  // two spellings at these sizes: say neither
     found = f.name;
@@ -80,6 +87,7 @@ std::vector<MapDifference> map_differences(const Layout& a, const Layout& b) {
   std::vector<MapDifference> out;
   const CacheDims& d = a.dims;
   for (Region r : kAllRegions) {
+    if (!d.holds(r) || !b.dims.holds(r)) continue;
     const RegionMap &ma = a.region(r), &mb = b.region(r);
     const auto add = [&](const char* field, std::string va, std::string vb, std::string note = "") {
       out.push_back({r, field, std::move(va), std::move(vb), std::move(note), std::nullopt});
@@ -128,6 +136,7 @@ std::vector<Misplacement> spread_examples(const Layout& w, const Layout& rd, int
   // anywhere it differs at (0, 0), (0, 1) or (1, 0): those cells come first.
   std::vector<std::vector<std::vector<Misplacement>>> rows(kRegionCount);
   for (Region r : kAllRegions) {
+    if (!d.holds(r)) continue;
     // One buffer name in both, and the same kind of allocation (per layer or all layers) or layer 0,
     // where the two kinds coincide: otherwise every element is elsewhere.
     const bool same_buffer = buffer_of(w, r) == buffer_of(rd, r);

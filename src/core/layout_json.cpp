@@ -139,7 +139,8 @@ std::optional<int64_t> dim_value(const json& dims, const char* key) {
 
 LayoutSpec parse_layout_spec(std::string_view text) {
   const json doc = parse_strict(text);
-  require_keys(doc, {"name", "summary", "source", "provenance", "dims", "let", "buffers", "regions", "codes"}, "layout");
+  require_keys(doc, {"name", "summary", "source", "provenance", "dims", "elements", "let", "buffers", "regions", "codes"},
+               "layout");
   LayoutSpec spec;
   if (!doc.contains("name")) throw LayoutError("layout: \"name\" (a string) is required");
   spec.name = name_value(doc["name"], "layout.name");
@@ -154,6 +155,19 @@ LayoutSpec parse_layout_spec(std::string_view text) {
     require_keys(d, {"layers", "pages", "tokens_per_page", "heads", "head_dim"}, "dims");
     spec.defaults = {dim_value(d, "layers"), dim_value(d, "pages"), dim_value(d, "tokens_per_page"),
                      dim_value(d, "heads"), dim_value(d, "head_dim")};
+  }
+  if (doc.contains("elements")) {
+    const json& e = doc["elements"];
+    if (!e.is_object()) throw LayoutError("elements: expected {\"k\": ..., \"v\": ...}, got " + json_excerpt(e));
+    require_keys(e, {"k", "v"}, "elements");
+    for (auto [key, slot] : {std::pair{"k", &spec.defaults.k_element}, {"v", &spec.defaults.v_element}}) {
+      if (!e.contains(key)) continue;
+      const json& v = e[key];
+      std::optional<ElementFormat> f;
+      if (v.is_string()) f = element_format_named(v.get<std::string>());
+      if (!f) throw LayoutError(std::string("elements.") + key + ": expected \"nvfp4\" or \"fp8_e4m3\", got " + json_excerpt(v));
+      *slot = f;
+    }
   }
   if (doc.contains("let")) {
     const json& lets = doc["let"];
@@ -195,10 +209,16 @@ LayoutSpec parse_layout_spec(std::string_view text) {
   require_keys(regions, {"k_data", "k_scale", "v_data", "v_scale"}, "regions");
   for (Region r : kAllRegions) {
     const std::string rn = region_name(r);
-    if (!regions.contains(rn)) throw LayoutError("regions: \"" + rn + "\" is missing; all four regions are required");
+    if (!regions.contains(rn)) {
+      // Whether the side holds FP8 (no block scales) is known once the elements are bound.
+      if (is_scale(r)) continue;
+      throw LayoutError("regions: \"" + rn + "\" is missing; a layout places k_data and v_data, and the scale "
+                        "region of every side that holds NVFP4");
+    }
     const json& j = regions[rn];
     require_keys(j, {"buffer", "offset", "layer", "page", "token", "head", "column"}, rn);
     LayoutSpec::RegionSpec& rs = spec.regions[size_t(r)];
+    rs.given = true;
     if (j.contains("buffer")) {
       rs.buffer = name_value(j["buffer"], rn + ".buffer");
     } else if (spec.buffers.size() == 1) {
@@ -241,11 +261,25 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
   for (auto [v, flag] : {std::pair{P, "--pages"}, {N, "--tokens-per-page"}, {H, "--heads"}, {D, "--head-dim"}})
     if (!v) open += std::string(open.empty() ? "" : ", ") + flag;
   if (!open.empty()) throw LayoutError("layout " + quote_text(spec.name) + " leaves sizes open: give " + open);
-  l.dims = {*L, *P, *N, *H, *D};
+  const auto pick_element = [&](std::optional<ElementFormat> o, std::optional<ElementFormat> d, const char* side) {
+    if (o && d && *o != *d)
+      throw LayoutError("layout \"" + spec.name + "\" fixes " + side + " elements as " + element_format_name(*d) + "; " +
+                        element_format_name(*o) + " contradicts it");
+    return o ? *o : d.value_or(ElementFormat::kNvfp4);
+  };
+  l.dims = {*L, *P, *N, *H, *D, pick_element(over.k_element, spec.defaults.k_element, "K"),
+            pick_element(over.v_element, spec.defaults.v_element, "V")};
   if (const std::string p = dims_problem(l.dims); !p.empty()) throw LayoutError(p);
+  for (Region r : kAllRegions)
+    if (l.dims.holds(r) && !spec.regions[size_t(r)].given)
+      throw LayoutError(std::string("regions: \"") + region_name(r) + "\" is missing; " +
+                        (side_of(r) == Side::kK ? "K" : "V") + " holds nvfp4 elements, whose block scales it places");
+  // Row bytes per region: kd ks vd vs (NVFP4: D/2 and D/16; FP8: D and 0).
   std::map<std::string, int64_t, std::less<>> symbols = {
       {"L", *L}, {"P", *P}, {"N", *N}, {"H", *H}, {"D", *D},
-      {"dd", *D / 2}, {"sd", *D / 16}, {"F", *D / 2 + *D / 16}};
+      {"dd", *D / 2}, {"sd", *D / 16}, {"F", *D / 2 + *D / 16},
+      {"kd", l.dims.columns(Region::kKData)}, {"ks", l.dims.columns(Region::kKScale)},
+      {"vd", l.dims.columns(Region::kVData)}, {"vs", l.dims.columns(Region::kVScale)}};
   const SymbolLookup lookup = [&](std::string_view name) -> std::optional<int64_t> {
     auto it = symbols.find(name);
     if (it == symbols.end()) return std::nullopt;
@@ -267,6 +301,8 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
     const auto& rs = spec.regions[size_t(r)];
     const std::string rn = region_name(r);
     RegionMap& m = l.regions[size_t(r)];
+    // A region that holds nothing (an FP8 side's scales) is left at its default: it places no byte.
+    if (!l.dims.holds(r)) continue;
     m.buffer = -1;
     for (size_t i = 0; i < spec.buffers.size(); ++i)
       if (spec.buffers[i].name == rs.buffer) m.buffer = int32_t(i);
@@ -298,7 +334,7 @@ Layout instantiate(const LayoutSpec& spec, const DimsOverride& over) {
     int64_t need = 0;
     for (Region r : kAllRegions) {
       const RegionMap& m = l.regions[size_t(r)];
-      if (m.buffer != int32_t(i)) continue;
+      if (m.buffer != int32_t(i) || !l.dims.holds(r)) continue;
       const Coord c{l.layers_in(l.buffers[i]) - 1, l.dims.pages - 1, m.token.argmax(l.dims.tokens_per_page),
                     l.dims.heads - 1, m.column.argmax(l.dims.columns(r))};
       need = std::max(need, l.offset(r, c) + 1);
@@ -321,6 +357,8 @@ std::string to_json(const Layout& l) {
   }
   doc["dims"] = {{"layers", l.dims.layers}, {"pages", l.dims.pages}, {"tokens_per_page", l.dims.tokens_per_page},
                  {"heads", l.dims.heads}, {"head_dim", l.dims.head_dim}};
+  if (l.dims.fp8(Side::kK) || l.dims.fp8(Side::kV))
+    doc["elements"] = {{"k", element_format_name(l.dims.k_element)}, {"v", element_format_name(l.dims.v_element)}};
   if (!l.codes.is_standard()) {
     if (std::string name = code_order_name(l.codes); !name.empty()) {
       doc["codes"] = name;
@@ -332,6 +370,7 @@ std::string to_json(const Layout& l) {
   doc["buffers"] = json::array();
   for (const Buffer& b : l.buffers) doc["buffers"].push_back({{"name", b.name}, {"bytes", b.bytes}, {"per_layer", b.per_layer}});
   for (Region r : kAllRegions) {
+    if (!l.dims.holds(r)) continue;  // an FP8 side's scale region: nothing to place
     const RegionMap& m = l.region(r);
     const auto mode = [](const Mode& md) -> json {
       if (md.is_plain()) return md.stride;

@@ -89,9 +89,13 @@ Plan plan(const PlanRequest& q) {
   }
   if (q.memory_bytes && q.pages) fail("give either a memory budget or a page count, not both");
   if (!q.memory_bytes && !q.pages) fail("give a memory budget (--memory) or a page count (--pages)");
+  if (q.interleave_v_scales && q.v_element == ElementFormat::kFp8E4M3)
+    fail("interleaved V scales need V in NVFP4; V in fp8_e4m3 has no block scales");
   if (q.layout) {
     if (q.cross_layer || q.interleave_v_scales)
       fail("cross-layer and interleaved V scales shape the native layout; a layout of one's own says both itself");
+    if (q.k_element != ElementFormat::kNvfp4 || q.v_element != ElementFormat::kNvfp4)
+      fail("element formats shape the native layout; a layout of one's own says them itself (\"elements\")");
     return plan_own(q, heads_per_rank, first_head);
   }
   // Bytes of one page of one layer, from the native layout itself.
@@ -103,7 +107,8 @@ Plan plan(const PlanRequest& q) {
       throw LayoutError(std::string("plan: ") + e.what());
     }
   };
-  const Layout one = native("nvfp4kv-native", {1, 1, q.tokens_per_page, heads_per_rank, q.head_dim});
+  const Layout one = native("nvfp4kv-native",
+                            {1, 1, q.tokens_per_page, heads_per_rank, q.head_dim, q.k_element, q.v_element});
   const int64_t page_layer = one.buffers[0].bytes;
   const i128 page_all = i128(page_layer) * q.layers;
   if (page_all > kOffsetLimit)
@@ -114,7 +119,7 @@ Plan plan(const PlanRequest& q) {
   if (total > i128(INT64_MAX) / 4 || i128(pages) * q.tokens_per_page > INT64_MAX / 4)
     fail("the allocation overflows 64-bit sizes; lower the page count or budget");
   Layout layout = native(q.cross_layer ? "nvfp4kv-native-layers" : "nvfp4kv-native",
-                         {q.layers, pages, q.tokens_per_page, heads_per_rank, q.head_dim});
+                         {q.layers, pages, q.tokens_per_page, heads_per_rank, q.head_dim, q.k_element, q.v_element});
   if (q.interleave_v_scales) interleave_scale_plane(layout, Region::kVScale);
   return Plan{validate(layout), heads_per_rank, first_head, page_layer, int64_t(page_all),
               pages * q.tokens_per_page, int64_t(total)};
@@ -123,7 +128,7 @@ Plan plan(const PlanRequest& q) {
 std::string Plan::summary() const {
   const Layout& l = layout.layout();
   const CacheDims& d = l.dims;
-  const int64_t useful = 2 * d.heads * d.tokens_per_page * (d.data_bytes() + d.scale_bytes());
+  const int64_t useful = d.heads * d.tokens_per_page * d.row_bytes();
   std::ostringstream s;
   s << "layout          " << l.name
     << (l.buffers.size() > 1 ? " (" + std::to_string(l.buffers.size()) + " buffers)"
@@ -147,7 +152,9 @@ std::string Plan::summary() const {
   }
   if (fixed_bytes > 0) s << "\nfixed           " << fixed_bytes << " B that do not grow with pages";
   if (!native) return s.str();
-  s << "\nper (page, head) one contiguous " << 2 * (l.region(Region::kVData).offset) << " B span (K then V), rows "
+  if (d.fp8(Side::kK) || d.fp8(Side::kV))
+    s << "\nelements        K " << element_format_name(d.k_element) << ", V " << element_format_name(d.v_element);
+  s << "\nper (page, head) one contiguous " << l.region(Region::kKData).head << " B span (K then V), rows "
     << layout.report().access[0].vector_bytes << "-byte aligned";
   return s.str();
 }

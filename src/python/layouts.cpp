@@ -41,9 +41,18 @@ nb::dict per_region(const std::array<int64_t, kRegionCount>& counts) {
   return d;
 }
 
+// "nvfp4" or "fp8_e4m3" (None: the description's own, else nvfp4).
+std::optional<ElementFormat> element_arg(const std::optional<std::string>& name, const char* what) {
+  if (!name) return std::nullopt;
+  if (std::optional<ElementFormat> f = element_format_named(*name)) return f;
+  throw ArgumentError(std::string(what) + ": expected \"nvfp4\" or \"fp8_e4m3\", got " + quote_text(*name));
+}
+
 DimsOverride dims_of(std::optional<int64_t> layers, std::optional<int64_t> pages, std::optional<int64_t> tokens_per_page,
-                     std::optional<int64_t> heads, std::optional<int64_t> head_dim) {
-  return DimsOverride{layers, pages, tokens_per_page, heads, head_dim};
+                     std::optional<int64_t> heads, std::optional<int64_t> head_dim,
+                     const std::optional<std::string>& k_element, const std::optional<std::string>& v_element) {
+  return DimsOverride{layers,   pages, tokens_per_page, heads, head_dim, element_arg(k_element, "k_element"),
+                      element_arg(v_element, "v_element")};
 }
 
 }  // namespace
@@ -55,10 +64,18 @@ void bind_layouts(nb::module_& m) {
       .def_ro("tokens_per_page", &CacheDims::tokens_per_page)
       .def_ro("heads", &CacheDims::heads)
       .def_ro("head_dim", &CacheDims::head_dim)
+      .def_prop_ro("k_element", [](const CacheDims& d) { return element_format_name(d.k_element); },
+                   "What K's bytes hold: \"nvfp4\" or \"fp8_e4m3\" (one E4M3 byte per value, no block scales).")
+      .def_prop_ro("v_element", [](const CacheDims& d) { return element_format_name(d.v_element); },
+                   "What V's bytes hold: \"nvfp4\" or \"fp8_e4m3\".")
       .def("__repr__", [](const CacheDims& d) {
+        std::string elements;
+        if (d.fp8(Side::kK) || d.fp8(Side::kV))
+          elements = std::string(", k_element='") + element_format_name(d.k_element) + "', v_element='" +
+                     element_format_name(d.v_element) + "'";
         return "Dims(layers=" + std::to_string(d.layers) + ", pages=" + std::to_string(d.pages) +
                ", tokens_per_page=" + std::to_string(d.tokens_per_page) + ", heads=" + std::to_string(d.heads) +
-               ", head_dim=" + std::to_string(d.head_dim) + ")";
+               ", head_dim=" + std::to_string(d.head_dim) + elements + ")";
       });
 
   nb::class_<Buffer>(m, "BufferInfo", "One allocation of a layout: its name, bytes, and whether there is one per layer.")
@@ -100,11 +117,14 @@ void bind_layouts(nb::module_& m) {
       .def(
           "instantiate",
           [](const LayoutSpec& s, std::optional<int64_t> layers, std::optional<int64_t> pages,
-             std::optional<int64_t> tokens_per_page, std::optional<int64_t> heads, std::optional<int64_t> head_dim) {
-            return instantiate(s, dims_of(layers, pages, tokens_per_page, heads, head_dim));
+             std::optional<int64_t> tokens_per_page, std::optional<int64_t> heads, std::optional<int64_t> head_dim,
+             std::optional<std::string> k_element, std::optional<std::string> v_element) {
+            return instantiate(s, dims_of(layers, pages, tokens_per_page, heads, head_dim, k_element, v_element));
           },
           "layers"_a = nb::none(), "pages"_a = nb::none(), "tokens_per_page"_a = nb::none(), "heads"_a = nb::none(),
-          "head_dim"_a = nb::none(), "Binds the open sizes (given ones override the description's defaults).")
+          "head_dim"_a = nb::none(), "k_element"_a = nb::none(), "v_element"_a = nb::none(),
+          "Binds the open sizes and element formats (given ones override the description's own; one it fixes may "
+          "be repeated, not contradicted).")
       .def("__repr__", [](const LayoutSpec& s) { return "<LayoutSpec '" + s.name + "'>"; });
 
   m.def("parse_layout_spec", &parse_layout_spec, "text"_a, "A layout description from JSON text.");
@@ -145,7 +165,9 @@ void bind_layouts(nb::module_& m) {
       .def_prop_ro("dims", [](const ValidLayout& v) { return v.layout().dims; })
       .def_prop_ro("format_json", [](const ValidLayout& v) { return format_to_json(v.format()); },
                    "The cache format it carries, as JSON text (docs/format.md, \"Cache formats\").")
-      .def_prop_ro("bits_per_value", [](const ValidLayout& v) { return bits_per_value(v.format(), v.layout().dims.layers); },
+      .def_prop_ro("bits_per_value", [](const ValidLayout& v) {
+            return v.format().implicit() ? bits_per_value(v.layout().dims) : bits_per_value(v.format(), v.layout().dims.layers);
+          },
                    "Bits per stored value under its format (4.5 for plain NVFP4).")
       .def("__repr__", [](const ValidLayout& v) { return "<ValidLayout '" + v.layout().name + "'>"; });
 
@@ -202,7 +224,8 @@ void bind_layouts(nb::module_& m) {
   m.def(
       "plan",
       [](int64_t layers, int64_t kv_heads, int64_t head_dim, int64_t tokens_per_page, std::optional<int64_t> memory_bytes,
-         std::optional<int64_t> pages, int64_t tp_size, int64_t tp_rank, bool cross_layer, bool interleave_v_scales) {
+         std::optional<int64_t> pages, int64_t tp_size, int64_t tp_rank, bool cross_layer, bool interleave_v_scales,
+         const std::string& k_element, const std::string& v_element) {
         PlanRequest r;
         r.layers = layers;
         r.kv_heads = kv_heads;
@@ -214,11 +237,13 @@ void bind_layouts(nb::module_& m) {
         r.tp_rank = tp_rank;
         r.cross_layer = cross_layer;
         r.interleave_v_scales = interleave_v_scales;
+        r.k_element = *element_arg(k_element, "plan: k_element");
+        r.v_element = *element_arg(v_element, "plan: v_element");
         return plan(r);
       },
       "layers"_a, "kv_heads"_a, "head_dim"_a, "tokens_per_page"_a = 16, "memory_bytes"_a = nb::none(),
       "pages"_a = nb::none(), "tp_size"_a = 1, "tp_rank"_a = 0, "cross_layer"_a = false,
-      "interleave_v_scales"_a = false);
+      "interleave_v_scales"_a = false, "k_element"_a = "nvfp4", "v_element"_a = "nvfp4");
 }
 
 }  // namespace nvfp4kv::python

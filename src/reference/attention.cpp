@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "nvfp4kv/reference/cache.hpp"
 #include "nvfp4kv/reference/transform.hpp"
 
 namespace nvfp4kv::reference {
@@ -67,15 +68,10 @@ SequenceKv sequence_kv(const Layout& l, const CacheBuffers& buffers, const Batch
     }
     for (int64_t t = 0; t < tokens; ++t)
       for (Side side : {Side::kK, Side::kV}) {
-        const SideRegions reg = side_regions(side);
         std::vector<double>& dst = side == Side::kK ? r.k : r.v;
         for (int64_t h = 0; h < d.heads; ++h)
-          for (int64_t e = 0; e < dim; ++e) {
-            const uint8_t byte = l.codes.decode(*element_address(l, buffers, reg.data, {layer, page, t, h, e / 2}));
-            const uint8_t sf = *element_address(l, buffers, reg.scale, {layer, page, t, h, e / kBlockSize});
-            dst[size_t((e0 * d.tokens_per_page + t) * row + h * dim + e)] =
-                dequantize_element(byte, int(e % 2), sf, side == Side::kK ? kgs : vgs);
-          }
+          read_row(l, buffers, side, {layer, page, t, h, 0}, side == Side::kK ? kgs : vgs,
+                   dst.data() + (e0 * d.tokens_per_page + t) * row + h * dim);
       }
   }
   return r;
@@ -128,8 +124,6 @@ DecodeResult decode_attention(const ValidLayout& valid, const CacheBuffers& buff
   if (std::string p = decode_problem(valid, buffers, a); !p.empty())
     throw ArgumentError("reference::decode_attention: " + p);
   if (!reference_type(a.q_type)) throw ArgumentError("reference::decode_attention: unsupported query type");
-  if (std::string p = paged_format_problem(valid.format(), a.layer); !p.empty())
-    throw ArgumentError("reference::decode_attention: " + p);
   const CacheDims& d = valid.layout().dims;
   const int64_t q_stride = a.q_token_stride ? a.q_token_stride : a.q_heads * d.head_dim;
   DecodeResult r;
@@ -158,8 +152,6 @@ PrefillResult prefill_attention(const ValidLayout& valid, const CacheBuffers& bu
   if (std::string p = prefill_problem(valid, buffers, a); !p.empty())
     throw ArgumentError("reference::prefill_attention: " + p);
   if (!reference_type(a.q_type)) throw ArgumentError("reference::prefill_attention: unsupported query type");
-  if (std::string p = paged_format_problem(valid.format(), a.layer); !p.empty())
-    throw ArgumentError("reference::prefill_attention: " + p);
   const CacheDims& d = valid.layout().dims;
   const int64_t q_stride = a.q_token_stride ? a.q_token_stride : a.q_heads * d.head_dim;
   int64_t rows = 0;

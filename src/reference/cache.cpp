@@ -1,5 +1,6 @@
 #include "nvfp4kv/reference/cache.hpp"
 
+#include "nvfp4kv/core/transform.hpp"
 #include "nvfp4kv/reference/transform.hpp"
 
 #include <cmath>
@@ -37,10 +38,28 @@ void write_element(void* out, int64_t index, ElementType type, float x) {
 
 }  // namespace
 
+void read_row(const Layout& l, const CacheBuffers& buffers, Side side, const Coord& at, float global_scale,
+              double* out) {
+  const CacheDims& d = l.dims;
+  const SideRegions reg = side_regions(side);
+  Coord c = at;
+  if (d.fp8(side)) {  // one E4M3 code per byte, column = element
+    for (c.column = 0; c.column < d.head_dim; ++c.column)
+      out[c.column] = fp8_decode_element(*element_address(l, buffers, reg.data, c), global_scale);
+    return;
+  }
+  for (int64_t e = 0; e < d.head_dim; ++e) {
+    c.column = e / 2;
+    const uint8_t byte = l.codes.decode(*element_address(l, buffers, reg.data, c));
+    c.column = e / kBlockSize;
+    const uint8_t sf = *element_address(l, buffers, reg.scale, c);
+    out[e] = dequantize_element(byte, int(e % 2), sf, global_scale);
+  }
+}
+
 void store(const ValidLayout& valid, const CacheBuffers& buffers, const StoreArgs& a) {
   require(store_problem(valid, buffers, a), "reference::store");
   const CacheFormat& format = valid.format();
-  require(paged_format_problem(format, a.layer), "reference::store");
   const Layout& l = valid.layout();
   const CacheDims& d = l.dims;
   const LayerFormat layer_format = format.layer(a.layer);
@@ -72,6 +91,16 @@ void store(const ValidLayout& valid, const CacheBuffers& buffers, const StoreArg
         int64_t non_finite = 0;
         transform_row(format, d, a.layer, side, h, row.data(), &non_finite);
         count(a.status, &DeviceStatus::non_finite, (unsigned long long)non_finite);
+        if (d.fp8(side)) {  // core/transform.hpp: e4m3(x * (1 / scale)), a NaN or Inf stored as +0 and counted
+          const float inv = 1.0f / gs;
+          Coord c{a.layer, slot / d.tokens_per_page, slot % d.tokens_per_page, h, 0};
+          for (c.column = 0; c.column < d.head_dim; ++c.column) {
+            const float x = row[size_t(c.column)];
+            count(a.status, &DeviceStatus::non_finite, fp8_input_finite(x) ? 0 : 1);
+            *element_address(l, buffers, reg.data, c) = fp8_encode_element(x, inv);
+          }
+          continue;
+        }
         for (int64_t g = 0; g < d.scale_bytes(); ++g) {
           const QuantizedBlock q = quantize_block(row.data() + g * kBlockSize, gs, rule);
           count(a.status, &DeviceStatus::non_finite, q.non_finite);
@@ -90,7 +119,6 @@ void store(const ValidLayout& valid, const CacheBuffers& buffers, const StoreArg
 void gather(const ValidLayout& valid, const CacheBuffers& buffers, const GatherArgs& a) {
   require(gather_problem(valid, buffers, a), "reference::gather");
   const CacheFormat& format = valid.format();
-  require(paged_format_problem(format, a.layer), "reference::gather");
   const Layout& l = valid.layout();
   const CacheDims& d = l.dims;
   std::vector<double> values(size_t(d.head_dim));
@@ -120,16 +148,9 @@ void gather(const ValidLayout& valid, const CacheBuffers& buffers, const GatherA
           fill_nan(side, begin + first, tokens);
           continue;
         }
-        const SideRegions reg = side_regions(side);
         for (int64_t t = 0; t < tokens; ++t)
           for (int64_t h = 0; h < d.heads; ++h) {
-            for (int64_t e = 0; e < d.head_dim; ++e) {
-              const Coord cd{a.layer, page, t, h, e / 2};
-              const Coord cs{a.layer, page, t, h, e / kBlockSize};
-              const uint8_t byte = l.codes.decode(*element_address(l, buffers, reg.data, cd));
-              const uint8_t sf = *element_address(l, buffers, reg.scale, cs);
-              values[size_t(e)] = dequantize_element(byte, int(e % 2), sf, gs);
-            }
+            read_row(l, buffers, side, {a.layer, page, t, h, 0}, gs, values.data());
             // Without a transform this is the identity and each value is written exactly as decoded.
             if (!a.stored_values) restore_row_f64(format, d, a.layer, side, h, values.data());
             for (int64_t e = 0; e < d.head_dim; ++e)

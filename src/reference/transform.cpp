@@ -22,17 +22,6 @@ void transform_row(const CacheFormat& f, const CacheDims& d, int64_t layer, Side
     for (int64_t b = 0; b < d.head_dim; b += n) hadamard_rotate(row + b, n);
 }
 
-std::string paged_format_problem(const CacheFormat& f, int64_t layer) {
-  const LayerFormat l = f.layer(layer);
-  for (Side s : {Side::kK, Side::kV})
-    if (l.side(s).element != ElementFormat::kNvfp4)
-      return "format.layers[" + std::to_string(f.layers.size() == 1 ? 0 : layer) + "]." + (s == Side::kK ? "k" : "v") +
-             ".element: " + element_format_name(l.side(s).element) +
-             " pages are not placed by layouts yet (NVFP4 only); FP8 is available on dense tensors "
-             "(reference::quantize_fp8)";
-  return "";
-}
-
 void hadamard_f64(double* x, int64_t n) {
   hadamard_butterflies(x, n);
   const double s = 1.0 / std::sqrt(double(n));

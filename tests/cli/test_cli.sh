@@ -57,7 +57,15 @@ sed 's/"token": "dd"/"tokn": "dd"/' "$(dirname "$0")/../../layouts/vllm-legacy-h
 expect 2 'unknown key "tokn"' "$bin" layout check "$tmp/typo.json" $small
 # A cache format: printed with its bits per value, checked against the layout's sizes.
 echo '{"nvfp4kv_format": 1, "layers": [{"k": {"element": "fp8_e4m3"}, "v": {"rule": "4over6", "rotation": 64}}]}' > "$tmp/format.json"
-expect 0 "layer 0: K fp8_e4m3; V nvfp4 4over6, rotation 64 \(6.25 bits\)" "$bin" layout show nvfp4kv-native $small --format "$tmp/format.json"
+expect 0 "layer 0: K fp8_e4m3; V nvfp4 4over6, rotation 64 \(6.25 bits\)" "$bin" layout show nvfp4kv-native $small --k-element fp8_e4m3 --format "$tmp/format.json"
+expect 2 "format.layers\[0\].k.element: fp8_e4m3, but the layout holds K as nvfp4" "$bin" layout show nvfp4kv-native $small --format "$tmp/format.json"
+# FP8 pages: the layout holds them (a K row of D bytes, no K scales), sizes them and proves them.
+expect 0 "elements K fp8_e4m3: data row 128 B, no scales" "$bin" layout show nvfp4kv-native $small --k-element fp8_e4m3
+expect 0 '"k": "fp8_e4m3"' "$bin" layout show nvfp4kv-native $small --k-element fp8_e4m3 --json
+expect 0 "elements        K fp8_e4m3, V nvfp4" "$bin" layout plan --layers 4 --kv-heads 8 --head-dim 128 --pages 10 --k-element fp8_e4m3
+expect 1 "share byte" "$bin" layout check nvfp4kv-native-v1 $small --k-element fp8_e4m3
+expect 1 "k_data token stride is 128, the reader says 64" "$bin" layout compare nvfp4kv-native nvfp4kv-native-v1 $small --k-element fp8_e4m3
+expect 2 "--k-element expects nvfp4 or fp8_e4m3" "$bin" layout show nvfp4kv-native $small --k-element fp4
 expect 0 "plain NVFP4 for K and V in every layer" "$bin" layout show nvfp4kv-native $small
 expect 2 "format.layers\[0\].v.rotation: 64 does not divide the head dim 80" "$bin" layout show nvfp4kv-native --heads 1 --head-dim 80 --tokens-per-page 16 --pages 1 --format "$tmp/format.json"
 echo '{"nvfp4kv_format": 1, "k_mean": [1, 2]}' > "$tmp/format-mu.json"
@@ -196,7 +204,7 @@ expect_json() {
 expect 0 "^nvfp4kv [0-9]+\.[0-9]+\.[0-9]+: (CUDA kernels for sm_[0-9]+.* \(nvcc [0-9.]+\)|CPU only)" "$bin" --version
 # --help on every command, listing every option.
 expect 0 "usage: nvfp4kv layout plan" "$bin" layout plan --help
-for opt in layers kv-heads head-dim tokens-per-page memory pages tp-size tp-rank layout cross-layer v-scales json help; do
+for opt in layers kv-heads head-dim tokens-per-page memory pages tp-size tp-rank layout cross-layer v-scales k-element v-element json help; do
   expect 0 "^  --$opt( |$)" "$bin" layout plan --help
 done
 for opt in layers pages heads head-dim tokens-per-page examples json; do expect 0 "^  --$opt " "$bin" layout compare --help; done
@@ -237,7 +245,7 @@ expect 0 '"token_capacity": ' "$bin" layout plan --layers 32 --kv-heads 8 --head
 # --json for every command, valid against the schema.
 expect_json 0 "$bin" layout presets
 expect_json 0 "$bin" layout show trtllm $s2
-expect_json 0 "$bin" layout show nvfp4kv-native $small --format "$tmp/format.json"
+expect_json 0 "$bin" layout show nvfp4kv-native $small --k-element fp8_e4m3 --format "$tmp/format.json"
 # calibrate: samples from numpy (where it is installed), shapes checked, nothing written on refusal.
 if python3 -c "import numpy" 2>/dev/null; then
   python3 -c "

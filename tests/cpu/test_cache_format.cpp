@@ -421,21 +421,5 @@ TEST_F(StoredFormat, PrefillRowsEqualDecodeAtTheirPositions) {
   EXPECT_GT(max_diff(x.plain), 1e-2) << "a prefill reader that skips every transform";
 }
 
-TEST(FormatReference, PagedFp8IsRefusedByName) {
-  Fixture x;
-  CacheFormat f;
-  f.layers.assign(2, LayerFormat{});
-  f.layers[1].k.element = ElementFormat::kFp8E4M3;
-  const ValidLayout layout = with_format(x.plain, f);
-  reference::HostCache cache(layout.layout(), 0);
-  store_layer(layout, cache, x, 0, 1.0f);  // layer 0 is NVFP4
-  try {
-    store_layer(layout, cache, x, 1, 1.0f);
-    ADD_FAILURE() << "FP8 pages were written";
-  } catch (const ArgumentError& e) {
-    EXPECT_NE(std::string(e.what()).find("format.layers[1].k.element: fp8_e4m3"), std::string::npos) << e.what();
-  }
-}
-
 }  // namespace
 }  // namespace nvfp4kv

@@ -407,9 +407,6 @@ TEST_F(Gpu, FormatsTheKernelsLackAreRefused) {
   f.layers[0].k.rotation = 64;
   formats.emplace_back(f, "rotates K");
   f.layers[0].k.rotation = kNoRotation;
-  f.layers[0].v.element = ElementFormat::kFp8E4M3;
-  formats.emplace_back(f, "stores V as fp8_e4m3");
-  f.layers[0].v.element = ElementFormat::kNvfp4;
   f.k_mean.assign(size_t(d.layers * d.heads * d.head_dim), 0.25f);
   formats.emplace_back(f, "smooths K");
   std::vector<std::pair<ValidLayout, std::string>> layouts;
@@ -420,13 +417,20 @@ TEST_F(Gpu, FormatsTheKernelsLackAreRefused) {
   LayoutSpec high_first = preset_spec("nvfp4kv-native");
   high_first.codes = *code_order_named("high-first");
   const ValidLayout reordered = validate(instantiate(high_first, {2, 8, 16, 2, 64}));
+  // A layout that holds V as FP8 (the CPU reference reads and writes it; the kernels do not yet),
+  // over its own allocation, which no refused call may touch either.
+  const ValidLayout fp8_v = validate(
+      instantiate(preset_spec("nvfp4kv-native"), {2, 8, 16, 2, 64, ElementFormat::kNvfp4, ElementFormat::kFp8E4M3}));
+  DeviceCache fp8_cache(fp8_v.layout(), kPoison);
+  layouts.emplace_back(fp8_v, "holds V as fp8_e4m3");
   layouts.emplace_back(reordered, "codes in the high-first order");
   // The reordered layout's store writes (it is allowed to): into its own cache, so the check at
   // the end that no refused call wrote stays about the refused ones (run 44 caught the shared one).
   DeviceCache scratch(plain.layout(), kPoison);
   for (const auto& [v, needle] : layouts) {
     const bool codes_only = &v == &layouts.back().first;
-    const CacheBuffers view = codes_only ? scratch.view() : cache.view();
+    const bool fp8 = v.layout().dims.fp8(Side::kV);
+    const CacheBuffers view = codes_only ? scratch.view() : fp8 ? fp8_cache.view() : cache.view();
     StoreArgs s{.rows = {rows.get(), rows.get(), 1, d.heads * d.head_dim}, .slots = slots.get(), .slots_are_int64 = true,
                 .k_global_scale = scales.get(), .v_global_scale = scales.get() + 1};
     GatherArgs g{.batch = {.block_table = table.get(), .block_table_stride = 1, .cu_seqlens = lengths.get(), .batch = 1},
@@ -471,8 +475,9 @@ TEST_F(Gpu, FormatsTheKernelsLackAreRefused) {
   EXPECT_EQ(r.status, Status::kUnsupported) << r.message;
   EXPECT_NE(r.message.find("4over6 for K and standard for V"), std::string::npos) << r.message;
   NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
-  for (const auto& buffer : cache.download())
-    EXPECT_EQ(std::count(buffer.begin(), buffer.end(), kPoison), std::ptrdiff_t(buffer.size())) << "a refused call wrote";
+  for (const DeviceCache* c : {&cache, &fp8_cache})
+    for (const auto& buffer : c->download())
+      EXPECT_EQ(std::count(buffer.begin(), buffer.end(), kPoison), std::ptrdiff_t(buffer.size())) << "a refused call wrote";
 }
 
 }  // namespace

@@ -55,3 +55,8 @@ def test_the_simulated_policy_is_what_the_cache_stores(family):
     cal["format"]["layers"][1]["k"]["element"] = "fp8_e4m3"
     moved = run(model, accuracy.PolicyCache(model.config, cal), "eager", ids, mask, chunks)
     assert relative_gap(moved, want, mask) > 1e-3
+    # ... and the cache now stores them: layer 1's K in its own FP8 pages reads back as simulated.
+    fmt["layers"][1]["k"]["element"] = "fp8_e4m3"
+    mixed = nt.KVCache(model.config, max_tokens=64, device="cpu", format=fmt, global_scales=(0.004, 0.003))
+    assert len(mixed.writers) == 2
+    assert relative_gap(moved, run(model, mixed, nt.NAME, ids, mask, chunks), mask) < 1e-5

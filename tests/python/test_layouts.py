@@ -109,10 +109,15 @@ def test_a_cache_format_is_attached_checked_and_carried(tmp_path):
     import numpy as _np
     valid = nvfp4kv.check(nvfp4kv.plan(layers=2, kv_heads=2, head_dim=64, pages=4).layout)
     assert valid.bits_per_value == 4.5 and _json.loads(valid.format_json)["layers"] == []
-    fmt = {"layers": [{"k": {"element": "fp8_e4m3"}}, {"v": {"rule": "4over6", "rotation": "head"}}],
+    fmt = {"layers": [{"k": {"rotation": 32}}, {"v": {"rule": "4over6", "rotation": "head"}}],
            "k_mean": _np.zeros((2, 2, 64))}
     with_fmt = nvfp4kv.with_format(valid, fmt)
-    assert with_fmt.bits_per_value == (6.25 + 4.5) / 2
+    assert with_fmt.bits_per_value == 4.5
+    # The element format is the layout's: FP8 K needs a layout that holds K as FP8.
+    with pytest.raises(nvfp4kv.LayoutError, match=r"format.layers\[0\].k.element: fp8_e4m3, but the layout holds K"):
+        nvfp4kv.with_format(valid, {"layers": [{"k": {"element": "fp8_e4m3"}}, {}]})
+    k8 = nvfp4kv.plan(layers=2, kv_heads=2, head_dim=64, pages=4, k_element="fp8_e4m3").layout
+    assert nvfp4kv.with_format(k8, {"layers": [{"k": {"element": "fp8_e4m3"}}]}).bits_per_value == 6.25
     doc = _json.loads(with_fmt.format_json)
     assert doc["layers"][1]["v"] == {"element": "nvfp4", "rule": "4over6", "rotation": "head"}
     assert len(doc["k_mean"]) == 2 * 2 * 64

@@ -282,8 +282,56 @@ def test_a_format_with_rotation_and_smoothing_is_what_the_cache_stores_and_reads
         make_cache(model, format={"layers": [{"k": {"rotation": 48}}]})
     with pytest.raises(ValueError, match="not rule="):
         make_cache(model, rule="4over6", format=fmt)
-    with pytest.raises(nvfp4kv.UnsupportedError, match=r"stores FP8 in layer\(s\) \[0\]"):
-        make_cache(model, format={"layers": [{"k": {"element": "fp8_e4m3"}}, {}]})
+    with pytest.raises(ValueError, match="leave layout= out"):
+        make_cache(model, format={"layers": [{"k": {"element": "fp8_e4m3"}}, {}]}, layout="flashinfer-hnd")
+
+
+K8_SCALE = 0.02  # FP8 K's per-tensor scale: E4M3's 448 at 8.96
+
+
+class MixedReferenceCache(ReferenceCache):
+    """ReferenceCache with layer 0's K in FP8 E4M3: torch's own float8 cast of x * (1 / scale) in
+    float32 (saturated at 448 first, as nvfp4kv's satfinite), back as code * scale; no layout."""
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if layer_idx != 0:
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        b, h, t, d = key_states.shape
+        rows = key_states.transpose(1, 2).to(torch.bfloat16).float()
+        inv = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(K8_SCALE, dtype=torch.float32)
+        codes = (rows * inv).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        k = (codes.float() * torch.tensor(K8_SCALE, dtype=torch.float32)).transpose(1, 2).to(key_states.dtype)
+        back = reference.dequantize(*reference.quantize(
+            value_states.transpose(1, 2).to(torch.bfloat16).float().reshape(-1, h, d).numpy(), V_SCALE, self.rule),
+            V_SCALE)
+        v = torch.from_numpy(back).view(b, t, h, d).transpose(1, 2).to(value_states.dtype)
+        return transformers.DynamicCache.update(self, k, v, layer_idx, *args, **kwargs)
+
+
+def test_fp8_k_in_one_layer_lives_in_its_own_cache_and_reads_back_exactly():
+    model = tiny("gemma2")
+    layers, heads, dim = nt._kv_dims(model.config)
+    fmt = {"layers": [{"k": {"element": "fp8_e4m3"}}, {}]}
+    ids, mask = batch(model.config.vocab_size, [24, 17], 4)
+    chunks = [16, 8, 1, 1, 1, 1]
+    cache = nt.KVCache(model.config, max_tokens=512, device="cpu", format=fmt,
+                       global_scales=([K8_SCALE, K_SCALE], V_SCALE))
+    assert len(cache.writers) == 2 and cache.route(0) == (0, 0) and cache.route(1) == (1, 0)
+    assert cache.writers[0].dims.k_element == "fp8_e4m3" and cache.writers[1].dims.k_element == "nvfp4"
+    assert cache.writers[0].global_scales[0][0] == np.float32(K8_SCALE)
+    assert cache.bytes_per_token() == heads * 2 * dim * (6.25 + 4.5) / 8
+    with pytest.raises(AttributeError, match="use writers"):
+        cache.writer
+    got = run(model, cache, nt.NAME, ids, mask, chunks)
+    want = run(model, MixedReferenceCache(model.config), "eager", ids, mask, chunks)
+    assert relative_gap(got, want, mask) < TOLERANCE
+    # Plain NVFP4 everywhere is measurably another answer: the comparison can fail.
+    plain = run(model, make_cache(model), nt.NAME, ids, mask, chunks)
+    assert relative_gap(plain, want, mask) > 10 * TOLERANCE
+    # A memory budget is shared out over both groups' pages.
+    per_page = sum(w.layout.layout.total_bytes for w in cache.writers) // cache.pages
+    sized = nt.KVCache(model.config, memory_bytes=per_page * 7 + 5, device="cpu", format=fmt)
+    assert sized.pages == 7
 
 
 def test_generate_with_left_padding_matches_the_reference_path():

@@ -5,6 +5,7 @@
 // NVFP4's scale rule, an optional Hadamard rotation, and a K smoothing vector mu
 // subtracted before quantizing. A ValidLayout carries one (with_format), so the
 // writer and every reader take it from the same object (docs/format.md, "Cache formats").
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,10 +15,11 @@
 
 namespace nvfp4kv {
 
-enum class ElementFormat : uint8_t {
-  kNvfp4,    // E2M1 elements, an E4M3 scale per 16, the side's global scale (4.5 bits)
-  kFp8E4M3,  // one E4M3 byte per element times the side's global scale, its per-tensor scale (8 bits)
-};
+// ElementFormat (NVFP4 or FP8 E4M3) is in layout_view.hpp: a layout fixes it per side, and a
+// format's elements must agree with its layout's (with_format).
+// "nvfp4" or "fp8_e4m3" (the names layout and format files use).
+const char* element_format_name(ElementFormat f);
+std::optional<ElementFormat> element_format_named(std::string_view name);
 
 // Rotation sizes: 0 none, a power of two in [16, 256], or the whole head.
 inline constexpr int64_t kNoRotation = 0;
@@ -60,7 +62,6 @@ struct CacheFormat {
 };
 inline bool operator==(const CacheFormat& a, const CacheFormat& b) { return a.layers == b.layers && a.k_mean == b.k_mean; }
 
-const char* element_format_name(ElementFormat f);   // "nvfp4", "fp8_e4m3"
 const char* scale_rule_name(ScaleRule r);            // "standard", "4over6"
 
 // The block size of the block-diagonal Hadamard matrix a rotation means at head dim D
@@ -77,6 +78,14 @@ std::string format_problem(const CacheFormat& f, const CacheDims& d);
 double bits_per_value(ElementFormat f);
 double bits_per_value(const LayerFormat& f);
 double bits_per_value(const CacheFormat& f, int64_t layers);
+// A cache by its layout's elements alone (what a layout with this format holds: with_format
+// makes the two agree).
+double bits_per_value(const CacheDims& d);
+
+// Why this format's element formats differ from the layout's ("" when they agree): a layout
+// fixes each side's element format (it sets the bytes per row), so a format entry must match
+// it in every layer. with_format checks format_problem and this.
+std::string element_problem(const CacheFormat& f, const CacheDims& d);
 
 // JSON text, versioned: {"nvfp4kv_format": 1, "layers": [{"k": {...}, "v": {...}}, ...],
 // "k_mean": [[[...]]] (layers x heads x D) or absent}. Parse refuses unknown keys, a

@@ -204,10 +204,13 @@ CompareReport compare(const Layout& writer, const Layout& reader, int max_exampl
 // contradicted: instantiate throws when a set one differs from the file's.
 struct DimsOverride {
   std::optional<int64_t> layers, pages, tokens_per_page, heads, head_dim;
+  // The element format of K's and of V's bytes ("elements"), by the same rule.
+  std::optional<ElementFormat> k_element, v_element;
 };
 
+
 // A parsed layout description with strides still as expressions over
-// L P N H D dd sd F (docs/layouts.md).
+// L P N H D dd sd F kd ks vd vs (docs/layouts.md).
 struct LayoutSpec {
   std::string name, summary;
   Provenance provenance;
@@ -224,6 +227,7 @@ struct LayoutSpec {
     std::string inner = "1", inner_stride = "0", stride;
   };
   struct RegionSpec {
+    bool given = false;  // a scale region may be left out where its side holds FP8 (no block scales)
     std::string buffer, offset, layer, page, head;
     ModeSpec token, column;
   };

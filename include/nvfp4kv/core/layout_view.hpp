@@ -88,15 +88,42 @@ struct CodeOrder {
   }
 };
 
+// What one side's data bytes hold. NVFP4: E2M1 codes two to a byte, an E4M3 scale per 16
+// values in the side's scale region, times the side's global scale (4.5 bits per value).
+// FP8: one E4M3 byte per value times the side's global scale, its per-tensor scale; no
+// block scales, so the side's scale region holds nothing (8 bits per value).
+enum class ElementFormat : uint8_t {
+  kNvfp4,
+  kFp8E4M3,
+};
+
+NVFP4KV_HD Side side_of(Region r) { return (r == Region::kKData || r == Region::kKScale) ? Side::kK : Side::kV; }
+
 struct CacheDims {
   int64_t layers = 1;
   int64_t pages = 0;
   int64_t tokens_per_page = 0;  // N
   int64_t heads = 0;            // kv heads held by this layout (per tensor-parallel rank)
   int64_t head_dim = 0;         // D, a multiple of 16
-  NVFP4KV_HD int64_t data_bytes() const { return head_dim / 2; }    // dd: bytes per data row
-  NVFP4KV_HD int64_t scale_bytes() const { return head_dim / 16; }  // sd: bytes per scale row
-  NVFP4KV_HD int64_t columns(Region r) const { return is_scale(r) ? scale_bytes() : data_bytes(); }
+  // The element format of each side's bytes: part of what a layout describes, since it sets
+  // how many bytes a row has (docs/layouts.md, "elements").
+  ElementFormat k_element = ElementFormat::kNvfp4, v_element = ElementFormat::kNvfp4;
+  NVFP4KV_HD int64_t data_bytes() const { return head_dim / 2; }    // dd: bytes per NVFP4 data row
+  NVFP4KV_HD int64_t scale_bytes() const { return head_dim / 16; }  // sd: bytes per NVFP4 scale row
+  NVFP4KV_HD ElementFormat element(Side s) const { return s == Side::kK ? k_element : v_element; }
+  NVFP4KV_HD bool fp8(Side s) const { return element(s) == ElementFormat::kFp8E4M3; }
+  // The columns of one row of a region: an NVFP4 data row D/2 bytes, its scale row D/16
+  // groups; an FP8 data row D bytes (column = element), its scale row none.
+  NVFP4KV_HD int64_t columns(Region r) const {
+    const bool f = fp8(side_of(r));
+    return is_scale(r) ? (f ? 0 : scale_bytes()) : (f ? head_dim : data_bytes());
+  }
+  // Whether a region holds any element (an FP8 side's scale region holds none).
+  NVFP4KV_HD bool holds(Region r) const { return columns(r) > 0; }
+  // Bytes of one token and head over both sides, data and scales: 2 * (D/2 + D/16) for NVFP4.
+  NVFP4KV_HD int64_t row_bytes() const {
+    return columns(Region::kKData) + columns(Region::kKScale) + columns(Region::kVData) + columns(Region::kVScale);
+  }
 };
 
 // One coordinate's share of an offset (see the top of this file). Once
@@ -139,7 +166,8 @@ struct Mode {
 };
 
 // One region: affine in (layer, page, head), modes in (token, column). column
-// is the byte j of a data row (elements 2j, 2j+1) or the group g of a scale row.
+// is the byte j of an NVFP4 data row (elements 2j, 2j+1), the element e of an FP8
+// data row, or the group g of a scale row.
 struct RegionMap {
   int32_t buffer = 0;
   int64_t offset = 0;

@@ -19,6 +19,9 @@ struct PlanRequest {
   int64_t tp_size = 1, tp_rank = 0;
   bool cross_layer = false;  // one allocation for all layers instead of one per layer
   bool interleave_v_scales = false;  // TensorRT-LLM's 4-token interleave of each V-scale plane
+  // What each side's bytes hold in the native layout: NVFP4, or FP8 E4M3 (a data plane of
+  // N x D bytes and no scale plane). A layout of one's own says it itself ("elements").
+  ElementFormat k_element = ElementFormat::kNvfp4, v_element = ElementFormat::kNvfp4;
   // A layout of one's own instead of the native one (its open sizes are filled from
   // the request; a size it fixes must agree): sized by what one page adds to it.
   std::optional<LayoutSpec> layout;

@@ -16,6 +16,13 @@ void store(const ValidLayout& layout, const CacheBuffers& buffers, const StoreAr
 // out_type may also be kFloat32 here. Throws ArgumentError as gather_problem says.
 void gather(const ValidLayout& layout, const CacheBuffers& buffers, const GatherArgs& args);
 
+// One (token, head) row of a side as the cache holds it, dequantized to D doubles (each
+// exactly the float the stored bytes mean): NVFP4 codes times their block scale times
+// the global scale, or FP8 codes times the global scale (the side's per-tensor scale),
+// whichever the layout's elements say. at.column is ignored. Transforms are not undone.
+void read_row(const Layout& layout, const CacheBuffers& buffers, Side side, const Coord& at, float global_scale,
+              double* out);
+
 // Host allocations for one layer of a layout, filled with `fill`.
 struct HostCache {
   std::vector<std::vector<uint8_t>> storage;

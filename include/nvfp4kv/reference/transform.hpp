@@ -29,9 +29,4 @@ void rotate_row_f64(const TensorFormat& t, int64_t head_dim, double* row);
 void restore_row_f64(const CacheFormat& format, const CacheDims& dims, int64_t layer, Side side, int64_t head,
                      double* row);
 
-// Why the paged reference cannot store or read this layer ("" when it can): the layout
-// contract places NVFP4 bytes (D/2 data and D/16 scale bytes per row) and no FP8 pages yet,
-// so an FP8 side is refused by name ("format.layers[2].k.element: ...").
-std::string paged_format_problem(const CacheFormat& format, int64_t layer);
-
 }  // namespace nvfp4kv::reference
