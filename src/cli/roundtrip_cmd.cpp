@@ -104,6 +104,8 @@ int run_roundtrip(const std::vector<std::string>& argv) {
   if (!name) throw UsageError("roundtrip needs --layout LAYOUT");
   const LoadedLayout ld = load_layout(*name, dims_from(a), {1, 64, 16, 8, 128});
   const Layout& layout = ld.layout;
+  // Refused before anything is printed.
+  if (std::string p = harness::roundtrip_problem(layout); !p.empty()) throw LayoutError(p);
   harness::RoundtripOptions opt;
   opt.tokens = a.integer("tokens").value_or(0);
   opt.seed = uint64_t(a.integer("seed").value_or(1));

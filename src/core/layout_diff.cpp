@@ -97,7 +97,8 @@ std::vector<MapDifference> map_differences(const Layout& a, const Layout& b) {
     if (ma.offset != mb.offset) {
       add("offset", stride_text(d, ma.offset), stride_text(d, mb.offset));
       for (Region o : kAllRegions)  // starts where the other layout puts a different region
-        if (o != r && b.region(o).offset == ma.offset && buffer_of(b, o) == buffer_of(a, r)) out.back().starts_at = o;
+        if (o != r && b.dims.holds(o) && b.region(o).offset == ma.offset && buffer_of(b, o) == buffer_of(a, r))
+          out.back().starts_at = o;
     }
     const bool shared = !a.buffers.at(size_t(ma.buffer)).per_layer || !b.buffers.at(size_t(mb.buffer)).per_layer;
     if (d.layers > 1 && shared && ma.layer != mb.layer)

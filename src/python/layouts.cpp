@@ -99,6 +99,8 @@ void bind_layouts(nb::module_& m) {
           [](const Layout& l, const std::string& region, int64_t layer, int64_t page, int64_t token, int64_t head,
              int64_t column) {
             const Region r = region_arg(region);
+            if (!l.dims.holds(r))
+              throw ArgumentError("address: " + region + " holds nothing: its side holds fp8_e4m3 (no block scales)");
             const Coord c{layer, page, token, head, column};
             return std::make_pair(l.buffers.at(size_t(l.region(r).buffer)).name, l.offset(r, c));
           },

@@ -65,6 +65,7 @@ expect 0 '"k": "fp8_e4m3"' "$bin" layout show nvfp4kv-native $small --k-element 
 expect 0 "elements        K fp8_e4m3, V nvfp4" "$bin" layout plan --layers 4 --kv-heads 8 --head-dim 128 --pages 10 --k-element fp8_e4m3
 expect 1 "share byte" "$bin" layout check nvfp4kv-native-v1 $small --k-element fp8_e4m3
 expect 1 "k_data token stride is 128, the reader says 64" "$bin" layout compare nvfp4kv-native nvfp4kv-native-v1 $small --k-element fp8_e4m3
+expect 2 "round trip checks NVFP4 pages only" "$bin" roundtrip --layout nvfp4kv-native --k-element fp8_e4m3 --cpu-only
 expect 2 "--k-element expects nvfp4 or fp8_e4m3" "$bin" layout show nvfp4kv-native $small --k-element fp4
 expect 0 "plain NVFP4 for K and V in every layer" "$bin" layout show nvfp4kv-native $small
 expect 2 "format.layers\[0\].v.rotation: 64 does not divide the head dim 80" "$bin" layout show nvfp4kv-native --heads 1 --head-dim 80 --tokens-per-page 16 --pages 1 --format "$tmp/format.json"

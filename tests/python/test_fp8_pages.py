@@ -32,6 +32,8 @@ def test_plan_and_load_hold_fp8_sides():
     text = json.loads(layout.to_json())
     assert text["elements"] == {"k": "nvfp4", "v": "fp8_e4m3"} and "v_scale" not in text["regions"]
     assert "elements: K nvfp4, V fp8_e4m3" in nvfp4kv.show(layout)
+    with pytest.raises(nvfp4kv.ArgumentError, match="v_scale holds nothing"):
+        layout.address("v_scale", 0, 0, 0, 0, 0)
     # A layout spelled in NVFP4's row sizes cannot hold FP8 rows: the proof finds the shared bytes.
     with pytest.raises(nvfp4kv.LayoutError, match="share byte"):
         nvfp4kv.check(nvfp4kv.load("nvfp4kv-native-v1", **DIMS, v_element="fp8_e4m3"))

@@ -39,5 +39,8 @@ struct RoundtripReport {
 };
 
 RoundtripReport roundtrip(const ValidLayout& layout, const RoundtripOptions& options);
+// Why roundtrip refuses this layout ("" when it takes it): its expected bytes are NVFP4 blocks,
+// so a side that holds FP8 is refused (ArgumentError from roundtrip).
+std::string roundtrip_problem(const Layout& layout);
 
 }  // namespace nvfp4kv::harness
