@@ -23,7 +23,9 @@ nvfp4-rot (a Hadamard rotation of the whole head on K and V), nvfp4-smooth (K sm
 mean of each layer's, KV head's and channel's post-RoPE K over the held-out text), nvfp4-all
 (4over6 + rotation + smoothing); k-fp8-v-nvfp4 (6.25 bits per value: K rounded as the fp8 row
 rounds it, V quantized and dequantized by nvfp4kv.reference exactly as the CPU store and gather
-do; simulated in a DynamicCache because layouts do not place FP8 pages yet); nvfp4-calibrated (the
+do; simulated in a DynamicCache: the figures in bench/results were measured before layouts placed
+FP8 pages, and the simulation equals the stored FP8 pages within 1e-5 (tests/python/
+test_accuracy_harness.py)); nvfp4-calibrated (the
 per-layer NVFP4 modes and global scales nvfp4kv.transformers.calibrate picks at 4.5 bits per value
 from the post-RoPE K, V and queries of one --calibrate-sample-tokens window of the held-out text).
 
@@ -31,8 +33,9 @@ nvfp4-calibrated-gs1: the calibrated per-layer modes with global scale 1.0 (whic
 modes or scales, a calibrated row's figure comes from).
 policy-B-sim (B = 4.5, 5.3, 6): the per-layer policy nvfp4kv.transformers.calibrate recommends
 for B bits per value (FP8 K, then V, on the layers of largest error while the budget allows;
-each other layer its best NVFP4 mode), simulated in a DynamicCache (PolicyCache) because layouts do
-not place FP8 pages yet; policy-4.5-sim holds no FP8 and checks the simulation against the
+each other layer its best NVFP4 mode), simulated in a DynamicCache (PolicyCache), which equals
+storing the policy's FP8 layers in FP8 pages within 1e-5 (the test above); policy-4.5-sim holds no
+FP8 and checks the simulation against the
 nvfp4-calibrated row, which runs the same policy through KVCache. The calibration measures each
 layer's model KL (its K alone, and its V alone, through its best mode) and ranks layers for FP8 by it;
 policy-B-attn-sim is the same budget with the layers ranked by attention error alone (the

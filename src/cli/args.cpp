@@ -232,8 +232,12 @@ std::string json_envelope(const std::string& command, const std::string& fields)
 
 // ---- JSON pieces -------------------------------------------------------------------
 Json dims_json(const CacheDims& d) {
-  return {{"layers", d.layers}, {"pages", d.pages}, {"tokens_per_page", d.tokens_per_page}, {"heads", d.heads},
-          {"head_dim", d.head_dim}};
+  return {{"layers", d.layers},
+          {"pages", d.pages},
+          {"tokens_per_page", d.tokens_per_page},
+          {"heads", d.heads},
+          {"head_dim", d.head_dim},
+          {"elements", {{"k", element_format_name(d.k_element)}, {"v", element_format_name(d.v_element)}}}};
 }
 
 Json element_json(Region r, const Coord& c) {
@@ -247,7 +251,9 @@ Json check_json(const CheckReport& r) {
   Json access = Json::object();
   for (Region reg : kAllRegions) {
     const RegionAccess& a = r.access[size_t(reg)];
-    access[region_name(reg)] = {{"vector_bytes", a.vector_bytes}, {"dense_plane", a.dense_plane}, {"plane_align", a.plane_align}};
+    access[region_name(reg)] = a.holds ? Json{{"vector_bytes", a.vector_bytes}, {"dense_plane", a.dense_plane},
+                                              {"plane_align", a.plane_align}}
+                                       : Json(nullptr);  // an FP8 side's scales: nothing there
   }
   Json collision = nullptr;
   if (r.collision)

@@ -97,6 +97,10 @@ std::pair<ValidLayout, KitManifest> kit_layout(const Args& a, const std::string&
     if (v && *v != kit)
       throw UsageError(std::string(flag) + " " + std::to_string(*v) + " contradicts the kit in " + dir + ", generated at " +
                        dims_text(k) + " (leave the sizes out or give those)");
+  for (auto [v, kit, flag] : {std::tuple{given.k_element, k.k_element, "--k-element"}, {given.v_element, k.v_element, "--v-element"}})
+    if (v && *v != kit)
+      throw UsageError(std::string(flag) + " " + element_format_name(*v) + " contradicts the kit in " + dir +
+                       ", whose pages hold " + element_format_name(kit) + " (conformance kits hold NVFP4 pages only so far)");
   Layout l;
   try {
     l = instantiate(load_spec(required(a, "layout")), {k.layers, k.pages, k.tokens_per_page, k.heads, k.head_dim});

@@ -200,7 +200,12 @@ int cmd_check(const Args& a) {
   std::cout << ld.layout.name << ": " << res.report.summary() << "\n";
   if (!res.report.ok) return verdict_code(res.report);
   std::cout << "widest vector access per row:";
-  for (Region r : kAllRegions) std::cout << " " << region_name(r) << " " << res.report.access[size_t(r)].vector_bytes << " B";
+  for (Region r : kAllRegions) {
+    const RegionAccess& a = res.report.access[size_t(r)];
+    std::cout << " " << region_name(r) << " ";
+    if (a.holds) std::cout << a.vector_bytes << " B";
+    else std::cout << "none";
+  }
   std::cout << "\n";
   return kExitOk;
 }

@@ -48,8 +48,10 @@ std::vector<std::vector<Location>> find_patterns(const std::vector<std::vector<u
 // ---- who owns a byte -----------------------------------------------------------
 ByteOwners::ByteOwners(const Layout& l, int64_t layer) : layout_(&l) {
   const CacheDims& d = l.dims;
-  // Element numbers leave room for the widest row of any region (an FP8 data row: D columns).
-  const i128 count = i128(d.layers) * d.pages * d.heads * d.tokens_per_page * kRegionCount * d.head_dim;
+  // Element numbers leave room for the widest row of any region (D / 2 columns for NVFP4 data,
+  // D for an FP8 side's), so an NVFP4 layout maps as large a cache as before FP8 pages.
+  for (Region r : kAllRegions) width_ = std::max(width_, d.columns(r));
+  const i128 count = i128(d.layers) * d.pages * d.heads * d.tokens_per_page * kRegionCount * width_;
   if (count >= i128(kNone)) throw ArgumentError("ByteOwners: the layout has too many elements to map byte by byte");
   for (const Buffer& b : l.buffers) index_.emplace_back(size_t(b.bytes), kNone);
   uint32_t n = 0;
@@ -58,7 +60,7 @@ ByteOwners::ByteOwners(const Layout& l, int64_t layer) : layout_(&l) {
       for (c.head = 0; c.head < d.heads; ++c.head)
         for (c.token = 0; c.token < d.tokens_per_page; ++c.token)
           for (Region r : kAllRegions)
-            for (c.column = 0; c.column < d.head_dim; ++c.column, ++n) {
+            for (c.column = 0; c.column < width_; ++c.column, ++n) {
               if (c.column >= d.columns(r)) continue;
               const RegionMap& m = l.region(r);
               if (l.buffers[size_t(m.buffer)].per_layer && c.layer != layer) continue;  // the allocation of one layer
@@ -70,8 +72,8 @@ ByteOwners::ByteOwners(const Layout& l, int64_t layer) : layout_(&l) {
 Element ByteOwners::element(uint32_t n) const {
   const CacheDims& d = layout_->dims;
   Element e;
-  e.coord.column = n % d.head_dim;
-  n /= uint32_t(d.head_dim);
+  e.coord.column = n % width_;
+  n /= uint32_t(width_);
   e.region = Region(n % kRegionCount);
   n /= kRegionCount;
   e.coord.token = n % d.tokens_per_page;

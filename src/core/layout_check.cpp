@@ -276,10 +276,14 @@ void check_structure(const Layout& layout, CheckReport& rep) {
     if (!ok) rep.problems.push_back(msg);
   };
   std::set<std::string> names;
-  for (const Buffer& b : layout.buffers) {
+  for (size_t i = 0; i < layout.buffers.size(); ++i) {
+    const Buffer& b = layout.buffers[i];
     need(!b.name.empty(), "a buffer has an empty name");
     need(names.insert(b.name).second, "buffer " + quote_text(b.name) + " is named twice");
-    need(b.bytes > 0, "buffer " + quote_text(b.name) + " has size " + std::to_string(b.bytes));
+    // Size 0 only for a buffer no region places anything in (an FP8 side's scale buffer).
+    bool used = false;
+    for (Region r : kAllRegions) used = used || (d.holds(r) && layout.region(r).buffer == int(i));
+    need(b.bytes > 0 || (b.bytes == 0 && !used), "buffer " + quote_text(b.name) + " has size " + std::to_string(b.bytes));
   }
   for (Region r : kAllRegions) {
     if (!d.holds(r)) continue;
@@ -320,7 +324,10 @@ int64_t lowest_power_of_two(int64_t g) { return g & -g; }
 void report_access(const Layout& layout, CheckReport& rep) {
   const CacheDims& d = layout.dims;
   for (Region r : kAllRegions) {
-    if (!d.holds(r)) continue;  // nothing to access: the default (1-byte rows, no dense plane)
+    if (!d.holds(r)) {  // nothing to access: the default (1-byte rows, no dense plane), marked empty
+      rep.access[size_t(r)].holds = false;
+      continue;
+    }
     const RegionMap& m = layout.region(r);
     RegionAccess& a = rep.access[size_t(r)];
     const Buffer& b = layout.buffers[size_t(m.buffer)];

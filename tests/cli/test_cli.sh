@@ -64,6 +64,7 @@ expect 0 "elements K fp8_e4m3: data row 128 B, no scales" "$bin" layout show nvf
 expect 0 '"k": "fp8_e4m3"' "$bin" layout show nvfp4kv-native $small --k-element fp8_e4m3 --json
 expect 0 "elements        K fp8_e4m3, V nvfp4" "$bin" layout plan --layers 4 --kv-heads 8 --head-dim 128 --pages 10 --k-element fp8_e4m3
 expect 1 "share byte" "$bin" layout check nvfp4kv-native-v1 $small --k-element fp8_e4m3
+expect 0 "k_data 16 B k_scale none v_data 16 B" "$bin" layout check nvfp4kv-native $small --k-element fp8_e4m3
 expect 1 "k_data token stride is 128, the reader says 64" "$bin" layout compare nvfp4kv-native nvfp4kv-native-v1 $small --k-element fp8_e4m3
 expect 2 "round trip checks NVFP4 pages only" "$bin" roundtrip --layout nvfp4kv-native --k-element fp8_e4m3 --cpu-only
 expect 2 "--k-element expects nvfp4 or fp8_e4m3" "$bin" layout show nvfp4kv-native $small --k-element fp4
@@ -247,6 +248,7 @@ expect 0 '"token_capacity": ' "$bin" layout plan --layers 32 --kv-heads 8 --head
 expect_json 0 "$bin" layout presets
 expect_json 0 "$bin" layout show trtllm $s2
 expect_json 0 "$bin" layout show nvfp4kv-native $small --k-element fp8_e4m3 --format "$tmp/format.json"
+expect_json 0 "$bin" layout check nvfp4kv-native $small --k-element fp8_e4m3
 # calibrate: samples from numpy (where it is installed), shapes checked, nothing written on refusal.
 if python3 -c "import numpy" 2>/dev/null; then
   python3 -c "
@@ -312,6 +314,7 @@ expect 0 "256 of 256 probe outputs right" "$bin" conformance check-read --layout
 expect_json 0 "$bin" conformance check-read --layout vllm-packed-nhd-rows --dir "$kit" --out "$tmp/out2.npy"
 # Unusable input: exit 2, one line on stderr.
 expect 2 "--pages 4 contradicts the kit in .*, generated at layers 1, pages 16" "$bin" conformance check-write --layout vllm-packed-nhd-rows --dir "$kit" --cache "$tmp/fixed.bin" --pages 4
+expect 2 "--k-element fp8_e4m3 contradicts the kit in .*, whose pages hold nvfp4" "$bin" conformance check-write --layout vllm-packed-nhd-rows --dir "$kit" --cache "$tmp/fixed.bin" --k-element fp8_e4m3
 expect 2 "was generated for layout \"vllm-packed-nhd-rows\"" "$bin" conformance check-write --layout vllm-legacy-nhd --dir "$kit" --cache "$tmp/fixed.bin"
 expect 2 "--cache kv=FILE is missing" "$bin" conformance check-write --layout vllm-packed-nhd-rows --dir "$kit"
 expect 2 'no buffer "kvv" \(did you mean "kv"\?\)' "$bin" conformance check-write --layout vllm-packed-nhd-rows --dir "$kit" --cache kvv="$tmp/fixed.bin"

@@ -12,6 +12,7 @@
 #include "nvfp4kv/core/cache_format.hpp"
 #include "nvfp4kv/core/global_scale.hpp"
 #include "nvfp4kv/core/layout.hpp"
+#include "nvfp4kv/core/ops.hpp"
 #include "nvfp4kv/core/plan.hpp"
 #include "nvfp4kv/core/transform.hpp"
 #include "nvfp4kv/reference/attention.hpp"
@@ -139,6 +140,52 @@ TEST(Fp8Layout, TextFormElementsAndRegions) {
   std::string no_data = fp8_file;
   no_data.replace(no_data.find("\"v_data\""), 8, "\"v_scale\"");
   EXPECT_NE(error_of([&] { parse_layout_spec(no_data); }).find("\"v_data\" is missing"), std::string::npos);
+}
+
+// A layout with a buffer per region, written once for every element combination: where K is
+// FP8 its scale buffer, sized "P*N*H*ks" bytes, holds nothing and is 0 bytes; that is sound.
+// A 0-byte buffer that a region does place bytes in is still refused.
+TEST(Fp8Layout, AnEmptyScaleBufferOfAnFp8SideIsSound) {
+  const std::string file = R"({
+    "name": "four-buffers",
+    "buffers": [{"name": "kd", "bytes": "P*N*H*kd"}, {"name": "ks", "bytes": "P*N*H*ks"},
+                {"name": "vd", "bytes": "P*N*H*vd"}, {"name": "vs", "bytes": "P*N*H*vs"}],
+    "regions": {
+      "k_data": {"buffer": "kd", "page": "N*H*kd", "token": "H*kd", "head": "kd"},
+      "k_scale": {"buffer": "ks", "page": "N*H*ks", "token": "H*ks", "head": "ks"},
+      "v_data": {"buffer": "vd", "page": "N*H*vd", "token": "H*vd", "head": "vd"},
+      "v_scale": {"buffer": "vs", "page": "N*H*vs", "token": "H*vs", "head": "vs"}
+    }
+  })";
+  for (ElementFormat k : {kNv, kF8}) {
+    const Layout l = instantiate(parse_layout_spec(file), {1, 4, 16, 2, 64, k, kNv});
+    EXPECT_EQ(l.buffers[1].bytes, k == kF8 ? 0 : 4 * 16 * 2 * 4);
+    const CheckResult r = check(l);
+    EXPECT_TRUE(r.report.ok) << element_format_name(k) << ": " << r.report.summary();
+  }
+  Layout bad = instantiate(parse_layout_spec(file), {1, 4, 16, 2, 64});
+  bad.buffers[3].bytes = 0;  // V's scales need their bytes
+  EXPECT_NE(check(bad).report.summary().find("buffer \"vs\" has size 0"), std::string::npos)
+      << check(bad).report.summary();
+}
+
+// Without a format the store call's rule applies to the NVFP4 sides: asking for 4over6 of a
+// layout with no NVFP4 side is refused (it would be silently ignored), not of a mixed one.
+TEST(Fp8Layout, AStoreRuleNeedsAnNvfp4Side) {
+  const float gs = 1.0f;
+  StoreArgs a;
+  a.k_global_scale = a.v_global_scale = &gs;
+  a.rule = ScaleRule::kFourOverSix;
+  const ValidLayout both = validate(native(kF8, kF8));
+  reference::HostCache cache(both.layout(), 0);
+  EXPECT_NE(store_problem(both, cache.buffers, a).find("4over6 is NVFP4's block rule, and this layout holds K and V as "
+                                                       "fp8_e4m3"),
+            std::string::npos);
+  const ValidLayout mixed = validate(native(kF8, kNv));
+  reference::HostCache mixed_cache(mixed.layout(), 0);
+  EXPECT_EQ(store_problem(mixed, mixed_cache.buffers, a), "");
+  a.rule = ScaleRule::kStandard;
+  EXPECT_EQ(store_problem(both, cache.buffers, a), "");
 }
 
 TEST(Fp8Layout, CompareRefusesDifferentElementsAndIgnoresCodesOfFp8) {

@@ -55,6 +55,7 @@ class ByteOwners {
 
  private:
   const Layout* layout_;
+  int64_t width_ = 1;  // columns numbered per row: the widest region's (D / 2 for NVFP4, D for an FP8 side)
   std::vector<std::vector<uint32_t>> index_;  // per buffer byte: element number, or kNone
   static constexpr uint32_t kNone = 0xFFFFFFFFu;
   Element element(uint32_t n) const;

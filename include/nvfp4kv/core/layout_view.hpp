@@ -207,6 +207,7 @@ struct RegionAccess {
   int vector_bytes = 1;  // widest power-of-two access (<= 16) every row start allows
   bool dense_plane = false;  // each (layer, page, head) tile is exactly N x columns contiguous bytes
   int plane_align = 1;   // power of two (<= 16) dividing every tile's base
+  bool holds = true;     // false: the region holds nothing (an FP8 side's scales), nothing to access
 };
 
 class ValidLayout;
