@@ -63,13 +63,13 @@ if [ "${NVFP4KV_TESTS:-1}" = 1 ]; then
   fi
   if [ "${NVFP4KV_SANITIZE:-1}" = 1 ]; then
   step "compute-sanitizer memcheck"
-  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
-    --gtest_filter='GpuWgmma.*:Gpu.SlotEdgeCases:Gpu.GatherOfARaggedBatch*:Gpu.OddShapes*:GpuDecode.OptionsMatch*:GpuDecode.BadEntries*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.HostSide*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*:GpuDecode.GraphReplays*:GpuPrefill.PaddedHead*:GpuPrefill.BadEntries*:GpuPrefill.Mixed*:GpuPrefill.HostSide*:GpuPrefill.ShortQueryBad*:GpuPrefill.LongSequences*' \
+  timeout 220 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
+    --gtest_filter='GpuWgmma.*:GpuDecode.FormatTransforms*:Gpu.StoreAndGatherTakeEveryFormat:Gpu.FormatsAFamilyLacks*:Gpu.SlotEdgeCases:Gpu.GatherOfARaggedBatch*:Gpu.OddShapes*:GpuDecode.OptionsMatch*:GpuDecode.BadEntries*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.HostSide*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*:GpuDecode.GraphReplays*:GpuPrefill.PaddedHead*:GpuPrefill.BadEntries*:GpuPrefill.Mixed*:GpuPrefill.HostSide*:GpuPrefill.ShortQueryBad*:GpuPrefill.LongSequences*' \
     > "$OUT/memcheck.log" 2>&1; rc=$?
   tail -3 "$OUT/memcheck.log"; record "memcheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"
   step "compute-sanitizer racecheck"
-  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
-    --gtest_filter='GpuWgmma.*:Gpu.SlotEdgeCases:GpuDecode.OptionsMatch*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*:GpuPrefill.PaddedHead*:GpuPrefill.Mixed*:GpuPrefill.ShortQueryBad*:GpuPrefill.LongSequences*' \
+  timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
+    --gtest_filter='GpuWgmma.*:GpuDecode.FormatTransforms*:Gpu.StoreAndGatherTakeEveryFormat:Gpu.SlotEdgeCases:GpuDecode.OptionsMatch*:GpuDecode.SparseAndRepeated*:GpuDecode.OtherHeadDims*:GpuDecode.OddPageSizes*:GpuDecode.SplitSequences*:GpuPrefill.PaddedHead*:GpuPrefill.Mixed*:GpuPrefill.ShortQueryBad*:GpuPrefill.LongSequences*' \
     > "$OUT/racecheck.log" 2>&1; rc=$?
   tail -3 "$OUT/racecheck.log"; grep -oE "[a-z_]+\.cu[h]?:[0-9]+" "$OUT/racecheck.log" | sort | uniq -c | sort -rn | head -12
   record "racecheck" "$([ $rc = 0 ] && echo clean || echo "rc $rc")"

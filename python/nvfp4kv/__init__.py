@@ -132,7 +132,8 @@ def with_format(layout: Union[Layout, ValidLayout, Plan], format: Any) -> ValidL
     ``format`` is a dict in the format's JSON form (``k_mean`` may be a numpy array, any shape,
     C order), its JSON text, or a path to a file holding it. Checked against the layout's sizes;
     a bad field raises LayoutError naming it. A Cache over the result stores and reads through
-    the format (the CPU reference implements every format; the GPU kernels refuse what they lack)."""
+    the format (the CPU reference implements every format; on CUDA store and gather take every
+    format, decode and attention every NVFP4 one, and FP8 pages there are refused by name)."""
     import json as _json
     valid = check(layout)
     if isinstance(format, dict):

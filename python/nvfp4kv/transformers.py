@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import math
 import os
 import sys
@@ -129,6 +130,17 @@ def _format_doc(format: Any) -> Optional[Dict[str, Any]]:
     return None
 
 
+def _gpu_format_problem(groups: Dict[Tuple[str, str], List[int]]) -> Optional[str]:
+    """What in the format the CUDA kernels a KVCache runs cannot read yet (decode and prefill
+    read NVFP4 pages only, with or without transforms), or None."""
+    fp8 = sorted({side for g in groups for side, e in zip("KV", g) if e == "fp8_e4m3"})
+    if not fp8:
+        return None
+    return ("KVCache: the format holds %s as fp8_e4m3 in some layers; on CUDA the decode and prefill kernels "
+            "read NVFP4 pages only so far (the GPU's store and gather take FP8 pages; device='cpu' runs the "
+            "reference, which takes every format)" % " and ".join(fp8))
+
+
 def _element_groups(doc: Optional[Dict[str, Any]], layers: int) -> Dict[Tuple[str, str], List[int]]:
     """The model's layers by (K element, V element) of the format, in order of first appearance.
     A malformed format makes one group: with_format then names what is wrong with it."""
@@ -161,9 +173,32 @@ def _group_format(doc: Dict[str, Any], members: List[int], layers: int, heads: i
     return out
 
 
+def _without_elements(doc: Dict[str, Any]) -> Dict[str, Any]:
+    """The format with every layer's element left to its default (the rest judged as written)."""
+    out = dict(doc)
+    out["layers"] = [{side: {k: v for k, v in e[side].items() if k != "element"} if isinstance(e.get(side), dict)
+                      else e.get(side) for side in e} if isinstance(e, dict) else e for e in doc["layers"]]
+    return out
+
+
+def _with_group_format(valid: Any, doc: Dict[str, Any], members: List[int], layers: int, heads: int,
+                       dim: int) -> Any:
+    """with_format for one group of layers; an error it raises names the model's layers."""
+    try:
+        return nvfp4kv.with_format(valid, _group_format(doc, members, layers, heads, dim))
+    except Exception as e:  # noqa: BLE001 - re-raised as it came, its layer numbers the model's
+        if not e.args or not isinstance(e.args[0], str):
+            raise
+        text = re.sub(r"layers\[(\d+)\]", lambda m: "layers[%d]" % members[int(m.group(1))]
+                      if int(m.group(1)) < len(members) else m.group(0), e.args[0])
+        raise type(e)(text, *e.args[1:]) from None
+
+
 def _layers_of(scales: Any, members: List[int], layers: int) -> Any:
     """Global scales for a group of layers: one value for all, or the members' of a per-layer list
     (a list of another length is passed on whole, and the group's cache says what it needs)."""
+    if hasattr(scales, "detach"):  # a torch tensor, on any device: its values on the host
+        scales = scales.detach().to("cpu", dtype=torch.float64).numpy()
     a = np.asarray(scales, dtype=np.float64)
     if a.ndim == 0:
         return float(a)
@@ -188,8 +223,9 @@ class KVCache(Cache):
                  tensor the element format (NVFP4 or FP8 E4M3), the scale rule, a Hadamard rotation,
                  K smoothing mu; the writer and every reader take it from the one layout object.
                  Layers whose K/V elements differ live in one native cache per combination
-                 (``writers``, ``route(layer)``). The CPU reference implements every format; the GPU
-                 kernels refuse what they do not implement yet. Its rules replace ``rule``.
+                 (``writers``, ``route(layer)``). The CPU reference implements every format; on CUDA
+                 every NVFP4 format runs, and FP8 layers are refused when the cache is made
+                 (decode and prefill read NVFP4 pages only so far). Its rules replace ``rule``.
     calibration: a calibration file (``nvfp4kv calibrate``): its recommended format and global
                  scales, after checking it was made for this model's layers, kv heads and head dim
                  (a mismatch raises before anything is allocated).
@@ -231,10 +267,20 @@ class KVCache(Cache):
         # per side): one nvfp4kv cache per group, each layer stored and read in its group's.
         doc = _format_doc(format) if format is not None else None
         groups = _element_groups(doc, layers)
+        if self.device.type == "cuda":
+            problem = _gpu_format_problem(groups)
+            if problem is not None:
+                raise nvfp4kv.UnsupportedError(problem)
         if len(groups) > 1 and layout is not None:
             raise ValueError("KVCache: the format stores layers in %d element formats (%s); a layout of one's own holds "
                              "one per side, so leave layout= out (the native layout is planned per group)"
                              % (len(groups), ", ".join("K %s V %s" % g for g in groups)))
+        if len(groups) > 1:
+            # The whole format judged once against every layer (elements aside: each group's
+            # layout holds its own), so an error names the model's layer, not a group's.
+            nvfp4kv.with_format(nvfp4kv.plan(layers=layers, kv_heads=kv_heads, head_dim=head_dim,
+                                             tokens_per_page=tokens_per_page, pages=1).layout,
+                                _without_elements(doc))
         if memory_bytes is not None and len(groups) > 1:
             per_page = sum(nvfp4kv.plan(layers=len(ls), kv_heads=kv_heads, head_dim=head_dim,
                                         tokens_per_page=tokens_per_page, pages=1, k_element=g[0],
@@ -256,8 +302,10 @@ class KVCache(Cache):
             else:
                 valid = self._sized_layout(layout, layers, kv_heads, head_dim, tokens_per_page, pages, memory_bytes)
             if format is not None:  # one group: the format as given, so the library's parser judges it
-                valid = nvfp4kv.with_format(valid, format if len(groups) == 1 else
-                                            _group_format(doc, members, layers, kv_heads, head_dim))
+                if len(groups) == 1:
+                    valid = nvfp4kv.with_format(valid, format)
+                else:
+                    valid = _with_group_format(valid, doc, members, layers, kv_heads, head_dim)
             self.writers.append(nvfp4kv.Cache(valid, "cpu" if self.device.type == "cpu" else str(self.device)))
             for local, layer in enumerate(members):
                 self._route[layer] = (g, local)

@@ -21,6 +21,7 @@ Result prepare(const ValidLayout& layout, const DecodeArgs& a, kernels::DecodePa
   if (std::string why = kernels::device_arch_problem(); !why.empty())  // cached per device
     return {Status::kUnsupported, std::string(who) + ": " + why};
   p.args = a;
+  p.smooths_k = layout.format().has_k_mean();
   std::string unsupported;
   if (Result r = api::from_cuda(kernels::plan_decode_geometry(p, &unsupported), who); !r.ok()) return r;
   if (!unsupported.empty()) return {Status::kUnsupported, std::string(who) + ": " + unsupported};
@@ -78,9 +79,11 @@ Result prepare_decode(const ValidLayout& layout, const CacheBuffers& buffers, co
                       kernels::DecodeParams* out, const char* who) {
   if (std::string p = decode_problem(layout, buffers, a); !p.empty()) return invalid(who, p);
   if (Result r = gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
-  if (Result r = format_checks(layout, a.layer, who); !r.ok()) return r;
+  kernels::LayerFormatView format;
+  if (Result r = layer_format_view(layout, a.layer, a.k_mean, kAttentionFormats, who, ScaleRule::kStandard, &format); !r.ok())
+    return r;
   if (Result r = code_order_checks(layout, who); !r.ok()) return r;
-  *out = kernels::DecodeParams{.layout = layout.view(), .cache = buffers, .args = a, .geometry = {}};
+  *out = kernels::DecodeParams{.layout = layout.view(), .cache = buffers, .args = a, .geometry = {}, .format = format};
   if (a.batch.batch == 0) return {};
   if (!a.out) return invalid(who, "the output (batch, q_heads, D) is required");
   if (!aligned(a.q, 16) || !aligned(a.out, 16)) return invalid(who, "query and output must be 16-byte aligned");
@@ -100,7 +103,10 @@ Result prepare_short_query(const ValidLayout& layout, const CacheBuffers& buffer
   DecodeArgs d = decode_args_of(a);
   d.workspace = workspace;
   d.workspace_bytes = workspace_bytes;
-  *out = kernels::DecodeParams{.layout = layout.view(), .cache = buffers, .args = d, .geometry = {}};
+  kernels::LayerFormatView format;
+  if (Result r = layer_format_view(layout, a.layer, a.k_mean, kAttentionFormats, who, ScaleRule::kStandard, &format); !r.ok())
+    return r;
+  *out = kernels::DecodeParams{.layout = layout.view(), .cache = buffers, .args = d, .geometry = {}, .format = format};
   out->cu_q = a.cu_seqlens_q;
   out->max_q_len = a.max_q_len;
   if (a.batch.batch == 0) return {};

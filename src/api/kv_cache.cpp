@@ -14,8 +14,9 @@ Result store(const ValidLayout& layout, const CacheBuffers& buffers, const Store
   const char* who = "store";
   if (std::string p = store_problem(layout, buffers, a); !p.empty()) return api::invalid(who, p);
   if (Result r = api::gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
-  StoreArgs args = a;
-  if (Result r = api::format_checks(layout, a.layer, who, &args.rule); !r.ok()) return r;
+  kernels::LayerFormatView format;
+  if (Result r = api::layer_format_view(layout, a.layer, a.k_mean, api::kStoreFormats, who, a.rule, &format); !r.ok())
+    return r;
   if (a.type != ElementType::kBFloat16 && a.type != ElementType::kFloat16)
     return api::invalid(who, std::string("rows must be bf16 or fp16, got ") + element_type_name(a.type));
   if (a.rows.tokens == 0) return {};
@@ -29,7 +30,7 @@ Result store(const ValidLayout& layout, const CacheBuffers& buffers, const Store
   const CacheDims& d = layout.layout().dims;
   if (d.pages * d.tokens_per_page > INT32_MAX)
     return {Status::kUnsupported, "store: a layout of more than 2^31 - 1 token slots per layer"};
-  const kernels::StoreParams params{.layout = layout.view(), .cache = buffers, .args = args};
+  const kernels::StoreParams params{.layout = layout.view(), .cache = buffers, .args = a, .format = format};
   return api::from_cuda(kernels::launch_store(params, stream), who);
 }
 
@@ -39,11 +40,14 @@ Result gather(const ValidLayout& layout, const CacheBuffers& buffers, const Gath
   if (Result r = api::gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
   if (a.out_type != ElementType::kBFloat16 && a.out_type != ElementType::kFloat16)
     return api::invalid(who, std::string("output must be bf16 or fp16, got ") + element_type_name(a.out_type));
-  if (Result r = api::format_checks(layout, a.layer, who); !r.ok()) return r;
+  kernels::LayerFormatView format;
+  if (Result r = api::layer_format_view(layout, a.layer, a.k_mean, api::kStoreFormats, who, ScaleRule::kStandard, &format);
+      !r.ok())
+    return r;
   if (a.batch.batch == 0) return {};
   if (!api::aligned(a.k_out, 16) || !api::aligned(a.v_out, 16))
     return api::invalid(who, "outputs must be 16-byte aligned");
-  const kernels::GatherParams params{.layout = layout.view(), .cache = buffers, .args = a};
+  const kernels::GatherParams params{.layout = layout.view(), .cache = buffers, .args = a, .format = format};
   return api::from_cuda(kernels::launch_gather(params, stream), who);
 }
 

@@ -10,6 +10,7 @@
 #include "nvfp4kv/core/layout.hpp"
 #include "nvfp4kv/core/ops.hpp"
 #include "../kernels/common/arch.hpp"
+#include "../kernels/common/format_view.hpp"
 
 namespace nvfp4kv::api {
 
@@ -35,39 +36,64 @@ inline Result gpu_cache_checks(const ValidLayout& layout, const CacheBuffers& bu
   return {};
 }
 
-// The kernels read and write plain NVFP4 only so far: a layer whose format holds FP8, a
-// rotation or K smoothing is refused (never read as if it were plain), and the store
-// kernel takes one scale rule for K and V. On success *rule (store only) is the rule the
-// kernel must use: the format's, or the call's where the layout has no format.
-inline Result format_checks(const ValidLayout& layout, int64_t layer, const char* who, ScaleRule* rule = nullptr) {
+// What a kernel family reads of a layer's format (core/cache_format.hpp).
+struct FormatSupport {
+  bool fp8 = true;         // FP8 E4M3 pages on either side
+  bool transforms = true;  // rotations and K smoothing
+  const char* instead = "";  // who does read what this family refuses, for the message
+};
+
+// The layer's format as the kernels take it (kernels/common/format_view.hpp), after the
+// family's refusals: a layer whose format this family cannot honour is refused by name,
+// never read or written as if it were plain NVFP4. k_mean is the caller's device copy of
+// format.k_mean, required exactly when the format smooths K. implicit_rule is the rule of
+// a layout without a format (the store call's; readers ignore rules).
+// The families' reach: store and gather take every format; decode and prefill every NVFP4
+// format (rotations and K smoothing folded into their query and output steps).
+inline constexpr FormatSupport kStoreFormats{};
+inline constexpr FormatSupport kAttentionFormats{
+    .fp8 = false, .transforms = true, .instead = "store and gather take FP8 pages on the GPU, the CPU reference reads them"};
+
+inline Result layer_format_view(const ValidLayout& layout, int64_t layer, const float* k_mean, FormatSupport support,
+                                const char* who, ScaleRule implicit_rule, kernels::LayerFormatView* out) {
   const CacheDims& d = layout.layout().dims;
-  for (Side s : {Side::kK, Side::kV})
-    if (d.fp8(s))
-      return {Status::kUnsupported, std::string(who) + ": layout " + quote_text(layout.layout().name) + " holds " +
-                                        (s == Side::kK ? "K" : "V") +
-                                        " as fp8_e4m3; the GPU kernels read and write NVFP4 pages only so far (the "
-                                        "CPU reference implements FP8 pages)"};
   const CacheFormat& f = layout.format();
-  if (f.implicit()) return {};
-  const auto unsupported = [&](const std::string& why) {
-    return Result{Status::kUnsupported, std::string(who) + ": layer " + std::to_string(layer) + " of the layout's format " +
-                                            why + "; the GPU kernels implement plain NVFP4 only so far (the CPU "
-                                            "reference implements every format)"};
-  };
-  if (f.has_k_mean()) return unsupported("smooths K (format.k_mean)");
-  const LayerFormat l = f.layer(layer);
-  for (Side s : {Side::kK, Side::kV}) {
-    const char* name = s == Side::kK ? "K" : "V";
-    if (l.side(s).element != ElementFormat::kNvfp4)
-      return unsupported(std::string("stores ") + name + " as " + element_format_name(l.side(s).element));
-    if (l.side(s).rotation != kNoRotation) return unsupported(std::string("rotates ") + name);
+  kernels::LayerFormatView v;
+  v.k.element = d.k_element, v.v.element = d.v_element;
+  if (!support.fp8)
+    for (Side s : {Side::kK, Side::kV})
+      if (d.fp8(s))
+        return {Status::kUnsupported, std::string(who) + ": layout " + quote_text(layout.layout().name) + " holds " +
+                                          (s == Side::kK ? "K" : "V") + " as fp8_e4m3; " + who +
+                                          " reads NVFP4 pages only so far (" + support.instead + ")"};
+  if (f.has_k_mean() && !k_mean)
+    return invalid(who, "the layout's format smooths K (format.k_mean): pass a device copy of its k_mean "
+                        "(layers x kv heads x head_dim floats) as args.k_mean");
+  if (!f.has_k_mean() && k_mean)
+    return invalid(who, "args.k_mean is given but the layout's format smooths no K");
+  if (k_mean && !aligned(k_mean, 4)) return invalid(who, "args.k_mean is misaligned");
+  if (f.implicit()) {
+    v.k.rule = v.v.rule = implicit_rule;
+  } else {
+    const LayerFormat l = f.layer(layer);
+    for (Side s : {Side::kK, Side::kV}) {
+      kernels::SideFormatView& sv = s == Side::kK ? v.k : v.v;
+      sv.rule = l.side(s).rule;
+      sv.rotation = int32_t(rotation_block(l.side(s).rotation, d.head_dim));
+    }
   }
-  if (rule) {
-    if (l.k.rule != l.v.rule)
-      return unsupported(std::string("uses scale rule ") + scale_rule_name(l.k.rule) + " for K and " +
-                         scale_rule_name(l.v.rule) + " for V (the store kernel takes one rule)");
-    *rule = l.k.rule;
+  // K smoothing belongs to the whole cache: also a format without per-layer entries has it.
+  if (k_mean) v.k.mean = k_mean + layer * d.heads * d.head_dim;
+  if (!support.transforms && v.transformed()) {
+    const LayerFormat l = f.layer(layer);
+    const std::string what = v.k.mean ? "smooths K (format.k_mean)"
+                             : l.k.rotation != kNoRotation ? "rotates K"
+                                                          : "rotates V";
+    return {Status::kUnsupported, std::string(who) + ": layer " + std::to_string(layer) + " of the layout's format " +
+                                      what + "; " + who + " reads untransformed NVFP4 only so far (" +
+                                      support.instead + ")"};
   }
+  *out = v;
   return {};
 }
 

@@ -20,10 +20,13 @@ Result prepare_prefill(const ValidLayout& layout, const CacheBuffers& buffers, c
                        kernels::PrefillParams* out, const char* who) {
   if (std::string p = prefill_problem(layout, buffers, a); !p.empty()) return invalid(who, p);
   if (Result r = gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
-  if (Result r = format_checks(layout, a.layer, who); !r.ok()) return r;
+  kernels::LayerFormatView format;
+  if (Result r = layer_format_view(layout, a.layer, a.k_mean, kAttentionFormats, who, ScaleRule::kStandard, &format);
+      !r.ok())
+    return r;
   if (a.q_type != ElementType::kBFloat16 && a.q_type != ElementType::kFloat16)
     return invalid(who, std::string("the query must be bf16 or fp16, got ") + element_type_name(a.q_type));
-  *out = kernels::PrefillParams{.layout = layout.view(), .cache = buffers, .args = a, .geometry = {}};
+  *out = kernels::PrefillParams{.layout = layout.view(), .cache = buffers, .args = a, .geometry = {}, .format = format};
   if (a.batch.batch == 0) return {};
   if (!a.out) return invalid(who, "the output (rows, q_heads, D) is required");
   if (!aligned(a.q, 2)) return invalid(who, "the query must be 2-byte aligned");
@@ -135,7 +138,12 @@ Result mixed_attention(const ValidLayout& layout, const CacheBuffers& buffers, c
   for (const AttentionRun& run : runs) whole.max_q_len = std::max(whole.max_q_len, run.max_q_len);
   // Every argument checked once for the whole batch before any launch.
   if (std::string p = prefill_problem(layout, buffers, whole); !p.empty()) return api::invalid(who, p);
-  if (Result r = api::format_checks(layout, whole.layer, who); !r.ok()) return r;
+  // The format checked once for the whole batch (each run's own preparation builds its view).
+  [[maybe_unused]] kernels::LayerFormatView format;
+  if (Result r = api::layer_format_view(layout, whole.layer, whole.k_mean, api::kAttentionFormats, who,
+                                        ScaleRule::kStandard, &format);
+      !r.ok())
+    return r;
   // Decode and short-query runs go to the decode kernel, which reads the standard and fp16-split orders.
   if (std::any_of(runs.begin(), runs.end(), [](const AttentionRun& run) { return run.route != AttentionRoute::kPrefill; }))
     if (Result r = api::code_order_checks(layout, who); !r.ok()) return r;

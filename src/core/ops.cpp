@@ -56,6 +56,10 @@ std::string store_problem(const ValidLayout& layout, const CacheBuffers& buffers
                (s == Side::kK ? "K" : "V") + " of layer " + std::to_string(a.layer) + " with " +
                scale_rule_name(lf.side(s).rule) + " (the format's rules apply; leave the call's rule at standard)";
   }
+  // Without a format the call's rule applies to the NVFP4 sides: one side at least must be NVFP4.
+  if (layout.format().implicit() && a.rule != ScaleRule::kStandard && d.fp8(Side::kK) && d.fp8(Side::kV))
+    return std::string("rule: ") + scale_rule_name(a.rule) +
+           " is NVFP4's block rule, and this layout holds K and V as fp8_e4m3 (no blocks); leave it at standard";
   if (a.rows.tokens == 0) return "";
   if (!a.rows.k || !a.rows.v || !a.slots) return "K rows, V rows and slots are required";
   if (a.rows.token_stride < d.heads * d.head_dim)
@@ -133,6 +137,7 @@ DecodeArgs decode_args_of(const PrefillArgs& a) {
   d.out = a.out;
   d.lse = a.lse;
   d.status = a.status;
+  d.k_mean = a.k_mean;
   return d;
 }
 

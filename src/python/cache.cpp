@@ -161,6 +161,17 @@ class Cache {
     }
     owned_.push_back(std::make_unique<Allocation>(place_, sizeof(DeviceStatus)));
     status_ = reinterpret_cast<DeviceStatus*>(owned_.back()->get());
+#if NVFP4KV_HAVE_CUDA
+    // The kernels take a format's K smoothing rows from device memory: a copy of the
+    // layout's own values, made once (the CPU reference reads the format itself).
+    if (const CacheFormat& f = layout_.format(); place_.cuda && f.has_k_mean()) {
+      const size_t bytes = f.k_mean.size() * sizeof(float);
+      owned_.push_back(std::make_unique<Allocation>(place_, bytes));
+      DeviceGuard on(place_);
+      cuda_ok(cudaMemcpy(owned_.back()->get(), f.k_mean.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+      k_mean_ = reinterpret_cast<const float*>(owned_.back()->get());
+    }
+#endif
   }
 
   Cache(const Cache&) = delete;  // owns device memory
@@ -206,6 +217,7 @@ class Cache {
     a.v_global_scale = scale_arg(v_scale, "v_scale", layer, 1);
     a.rule = rule_arg(rule);
     a.status = status_;
+    a.k_mean = k_mean_;
     run([&](const CacheBuffers& b, uintptr_t s) {
 #if NVFP4KV_HAVE_CUDA
       if (place_.cuda) return raise_for(nvfp4kv::store(layout_, b, a, reinterpret_cast<cudaStream_t>(s)));
@@ -250,6 +262,7 @@ class Cache {
     a.k_out = k_array.data();
     a.v_out = v_array.data();
     a.status = status_;
+    a.k_mean = k_mean_;
     run([&](const CacheBuffers& b, uintptr_t s) {
 #if NVFP4KV_HAVE_CUDA
       if (place_.cuda) return raise_for(nvfp4kv::gather(layout_, b, a, reinterpret_cast<cudaStream_t>(s)));
@@ -327,6 +340,7 @@ class Cache {
       a.lse = static_cast<float*>(lse_array->data());
     }
     a.status = status_;
+    a.k_mean = k_mean_;
   }
 
   // Paged decode attention for one query token per sequence (core/ops.hpp
@@ -696,6 +710,7 @@ class Cache {
   std::vector<std::vector<uint8_t*>> ptr_;  // per buffer: one pointer, or one per layer
   float* scales_ = nullptr;                // (layers, 2): K and V dequant multipliers
   DeviceStatus* status_ = nullptr;
+  const float* k_mean_ = nullptr;           // a device copy of the format's k_mean (CUDA caches whose format smooths K)
   std::vector<std::unique_ptr<Allocation>> workspaces_;  // decode's, newest last
   size_t workspace_size_ = 0;
   std::map<std::tuple<int64_t, int64_t, int64_t>, size_t> workspace_need_;  // (batch, q_heads, stride) -> bytes

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -53,6 +54,11 @@ struct Case {
   // The layout's code order (where a data byte keeps its two codes): empty keeps the preset's
   // (the native layout's is fp16-split, every engine's standard), a name replaces it.
   std::string codes;
+  // A cache format (rotations, K smoothing) over the random stored values; the reference reads
+  // the values back through it. plain_reader: the GPU reads the same bytes through the layout
+  // without its format, a reader that forgot it (it must fail the bounds).
+  std::optional<CacheFormat> format;
+  bool plain_reader = false;
 };
 
 struct Outcome : testing::Comparison {
@@ -68,7 +74,8 @@ Outcome run_case(const Case& k, Mutate mutate) {
   LayoutSpec spec = preset_spec(k.preset);
   if (!k.codes.empty()) spec.codes = *code_order_named(k.codes);
   const Layout l = instantiate(spec, {1, k.pages, k.tokens_per_page, k.kv_heads, k.head_dim});
-  const ValidLayout v = validate(l);
+  const ValidLayout plain = validate(l);
+  const ValidLayout v = k.format ? with_format(plain, *k.format) : plain;
   const CacheDims& d = v.layout().dims;
   const auto host = harness::random_cache(v, 0, k.seed);
   const int64_t batch = int64_t(k.lengths.size());
@@ -116,6 +123,7 @@ Outcome run_case(const Case& k, Mutate mutate) {
   auto dscales = DeviceBuffer<float>::from({gs[0], gs[1]});
   auto dsinks = DeviceBuffer<float>::from(sinks);
   auto dstatus = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
+  auto dmean = DeviceBuffer<float>::from(v.format().has_k_mean() ? v.format().k_mean : std::vector<float>{0.0f});
   DeviceBuffer<uint16_t> out(q.size());
   DeviceBuffer<float> lse(size_t(batch * q_heads));
   out.fill_bytes(0xFF);
@@ -136,7 +144,8 @@ Outcome run_case(const Case& k, Mutate mutate) {
   g.status = dstatus.get();
   g.workspace = ws.get();
   g.workspace_bytes = ws.size();
-  const Result r = decode_attention(v, cache.view(), g, nullptr);
+  if (v.format().has_k_mean() && !k.plain_reader) g.k_mean = dmean.get();
+  const Result r = decode_attention(k.plain_reader ? plain : v, cache.view(), g, nullptr);
   EXPECT_TRUE(r.ok()) << r.message;
   NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
   const auto got = out.download();
@@ -155,7 +164,8 @@ void expect_close(const Case& k, const Outcome& o, const std::string& what) {
   std::printf("  %-44s splits %3d %-5s rel L2 %.2e  max |err| %.2e  lse %.2e\n", what.c_str(), o.plan.splits,
               o.plan.dense_planes ? "bulk" : o.plan.tensor_rows ? "tensor" : "rows", o.rel_l2, o.max_abs, o.lse_max_abs);
   EXPECT_LT(o.rel_l2, rel_l2_bound(k.type)) << what;
-  EXPECT_LT(o.lse_max_abs, kLseBound) << what;
+  const bool rotated_query = k.format && !k.format->layers.empty() && k.format->layers[0].k.rotation != kNoRotation;
+  EXPECT_LT(o.lse_max_abs, rotated_query ? harness::kRotatedQueryLseBound : kLseBound) << what;
   EXPECT_EQ(o.unwritten, 0) << what;
   EXPECT_EQ(o.nan_mismatch, 0) << what;
 }
@@ -236,6 +246,53 @@ TEST_F(GpuDecode, OptionsMatchTheReference) {
     k.seed = uint64_t(variant) + 40;
     const Outcome o = run_case(k);
     expect_close(k, o, cat("window ", k.window, ", softcap ", k.softcap, k.sinks ? ", sinks" : ""));
+  }
+}
+
+// A format's transforms, read by decode from the layout (common/format_view.hpp): K's
+// rotation applied to the query, q . mu added to the logits (per logit under a soft-cap, as
+// a shift of the row otherwise), V's rotation undone on the output, also where a split
+// sequence's partials merge. The random stored values are read back through the format by
+// the reference in float64. A reader that ignores the format fails: the same bytes read as
+// plain NVFP4 are off by more than the bound in the output (a rotation) or in the LSE (mu).
+TEST_F(GpuDecode, FormatTransformsMatchTheReference) {
+  struct Variant {
+    int64_t head_dim, k_rotation, v_rotation;
+    bool mean;
+    float softcap;
+    bool sinks;
+    std::vector<int32_t> lengths;
+  };
+  const std::vector<Variant> variants = {
+      {128, kRotateWholeHead, kRotateWholeHead, true, 0, false, {300, 17, 0, 129}},
+      {128, 32, kNoRotation, true, 1.5f, true, {300, 17, 0, 129}},
+      {64, kNoRotation, 16, true, 0, true, {41000, 5}},  // split and merged
+      {256, kRotateWholeHead, 64, false, 0, false, {900, 33}},
+      {96, kRotateWholeHead, kRotateWholeHead, true, 2.0f, false, {513, 64}},  // padded D, blocks of 32
+      {128, kNoRotation, kNoRotation, true, 0, false, {300, 17, 129}},  // mu alone: the LSE carries it
+  };
+  int seed = 900;
+  for (const Variant& var : variants) {
+    Case k;
+    k.head_dim = var.head_dim;
+    k.lengths = var.lengths;
+    k.pages = var.lengths[0] > 10000 ? 2700 : 64;
+    k.softcap = var.softcap;
+    k.sinks = var.sinks;
+    k.seed = uint64_t(++seed);
+    k.format = testing::attention_test_format(k.kv_heads, var.head_dim, var.k_rotation, var.v_rotation, var.mean,
+                                              uint32_t(seed));
+    const std::string what = cat("D", var.head_dim, " K rot ", var.k_rotation, " V rot ", var.v_rotation,
+                                 var.mean ? " mu" : "", var.softcap > 0 ? " softcap" : "", var.sinks ? " sinks" : "");
+    const Outcome o = run_case(k);
+    expect_close(k, o, what);
+    if (var.lengths[0] > 10000) {
+      EXPECT_GT(o.plan.splits, 1) << what;
+    }
+    k.plain_reader = true;
+    const Outcome wrong = run_case(k);
+    std::printf("  %-44s read as plain: rel L2 %.2e  lse %.2e\n", what.c_str(), wrong.rel_l2, wrong.lse_max_abs);
+    EXPECT_TRUE(wrong.rel_l2 > 0.1 || wrong.lse_max_abs > 1.0) << what << ": a reader without the format passed";
   }
 }
 

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -59,6 +60,10 @@ struct Case {
   std::string codes;
   size_t* tickets_at_rest = nullptr;  // mixed: set to the workspace's 64-bit words holding a ticket at rest
   int stages = 0;  // prefill: run with this many stages in the ring (0: as many as the planner fits)
+  // A cache format over the random stored values (the reference reads them back through it);
+  // plain_reader: the GPU reads the same bytes without it, a reader that forgot it.
+  std::optional<CacheFormat> format;
+  bool plain_reader = false;
 };
 
 struct Outcome : testing::Comparison {
@@ -73,7 +78,9 @@ Outcome run_case(const Case& k, Mutate mutate) {
   Outcome o;
   LayoutSpec spec = preset_spec(k.preset);
   if (!k.codes.empty()) spec.codes = *code_order_named(k.codes);
-  const ValidLayout v = validate(instantiate(spec, {1, k.pages, k.tokens_per_page, k.kv_heads, k.head_dim}));
+  const ValidLayout plain = validate(instantiate(spec, {1, k.pages, k.tokens_per_page, k.kv_heads, k.head_dim}));
+  const ValidLayout v = k.format ? with_format(plain, *k.format) : plain;
+  const ValidLayout& reader = k.plain_reader ? plain : v;
   const CacheDims& d = v.layout().dims;
   const auto host = harness::random_cache(v, 0, k.seed);
   const int64_t batch = int64_t(k.seqs.size());
@@ -129,6 +136,7 @@ Outcome run_case(const Case& k, Mutate mutate) {
   auto dscales = DeviceBuffer<float>::from({gs[0], gs[1]});
   auto dsinks = DeviceBuffer<float>::from(sinks);
   auto dstatus = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
+  auto dmean = DeviceBuffer<float>::from(v.format().has_k_mean() ? v.format().k_mean : std::vector<float>{0.0f});
   DeviceBuffer<uint16_t> out(q.size());
   DeviceBuffer<float> lse(size_t(std::max<int64_t>(rows, 1) * q_heads));
   out.fill_bytes(0xFF);
@@ -144,12 +152,13 @@ Outcome run_case(const Case& k, Mutate mutate) {
   g.out = out.get();
   g.lse = k.lse ? lse.get() : nullptr;
   g.status = dstatus.get();
+  if (reader.format().has_k_mean()) g.k_mean = dmean.get();
   if (k.mixed) {
     size_t bytes = 0;
     const Result wr = mixed_workspace_bytes(v, q_lens.data(), batch, q_heads, stride, &bytes);
     EXPECT_TRUE(wr.ok()) << wr.message;
     DeviceBuffer<uint8_t> ws(std::max<size_t>(bytes, 256));
-    const Result r = mixed_attention(v, cache.view(), {.args = g, .q_lens = q_lens.data(), .workspace = ws.get(),
+    const Result r = mixed_attention(reader, cache.view(), {.args = g, .q_lens = q_lens.data(), .workspace = ws.get(),
                                                        .workspace_bytes = ws.size()}, nullptr);
     EXPECT_TRUE(r.ok()) << r.message;
     NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
@@ -174,7 +183,7 @@ Outcome run_case(const Case& k, Mutate mutate) {
     NVFP4KV_CUDA_CHECK(kernels::launch_prefill(p, nullptr));
     NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
   } else {
-    const Result r = prefill_attention(v, cache.view(), g, nullptr);
+    const Result r = prefill_attention(reader, cache.view(), g, nullptr);
     EXPECT_TRUE(r.ok()) << r.message;
     NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
   }
@@ -194,7 +203,8 @@ Outcome run_case(const Case& k) {
 void expect_close(const Case& k, const Outcome& o, const std::string& what) {
   std::printf("  %-46s rel L2 %.2e  max |err| %.2e  lse %.2e\n", what.c_str(), o.rel_l2, o.max_abs, o.lse_max_abs);
   EXPECT_LT(o.rel_l2, rel_l2_bound(k.type)) << what;
-  EXPECT_LT(o.lse_max_abs, kLseBound) << what;
+  const bool rotated_query = k.format && !k.format->layers.empty() && k.format->layers[0].k.rotation != kNoRotation;
+  EXPECT_LT(o.lse_max_abs, rotated_query ? harness::kRotatedQueryLseBound : kLseBound) << what;
   EXPECT_EQ(o.unwritten, 0) << what;
   EXPECT_EQ(o.nan_mismatch, 0) << what;
   EXPECT_EQ(o.cpu.bad_pages + o.cpu.bad_lengths + o.cpu.bad_global_scale, 0u) << what;
@@ -335,6 +345,51 @@ TEST_F(GpuPrefill, MixedBatchesRouteEachRunAndMatchTheReference) {
   k.softcap = 2.0f;
   k.type = ElementType::kFloat16;
   expect_close(k, run_case(k), "mixed, window, softcap, fp16");
+}
+
+// A format's transforms in prefill and in a mixed batch's routes (decode, short-query, prefill):
+// K's rotation applied to each query row, q . mu joining each logit under a soft-cap and
+// shifting the row otherwise, V's rotation undone on O in registers. Against the reference
+// reading the random stored values back through the format; the same bytes read without the
+// format are off by more than the bound (the output for a rotation, the LSE for mu alone).
+TEST_F(GpuPrefill, FormatTransformsMatchTheReference) {
+  struct Variant {
+    int64_t head_dim, k_rotation, v_rotation;
+    bool mean;
+    float softcap;
+    bool sinks, mixed;
+  };
+  const std::vector<Variant> variants = {
+      {128, kRotateWholeHead, kRotateWholeHead, true, 0, false, false},
+      {128, 32, 16, true, 1.5f, true, false},
+      {64, kNoRotation, kRotateWholeHead, true, 0, true, false},
+      {256, kRotateWholeHead, 64, false, 2.0f, false, false},  // the mma.sync consumers
+      {96, kRotateWholeHead, kRotateWholeHead, true, 0, false, false},  // padded D, blocks of 32
+      {128, kNoRotation, kNoRotation, true, 0, false, false},  // mu alone: the LSE carries it
+      {128, kRotateWholeHead, 32, true, 1.5f, true, true},  // every route of a mixed batch
+  };
+  int seed = 700;
+  for (const Variant& var : variants) {
+    Case k;
+    k.head_dim = var.head_dim;
+    k.seqs = var.mixed ? std::vector<std::pair<int32_t, int32_t>>{{1, 37}, {5, 200}, {80, 80}, {1, 300}, {3, 129}}
+                       : std::vector<std::pair<int32_t, int32_t>>{{130, 300}, {17, 17}, {1, 129}, {64, 100}};
+    k.pages = 100;
+    k.softcap = var.softcap;
+    k.sinks = var.sinks;
+    k.mixed = var.mixed;
+    k.seed = uint64_t(++seed);
+    k.format = testing::attention_test_format(k.kv_heads, var.head_dim, var.k_rotation, var.v_rotation, var.mean,
+                                              uint32_t(seed));
+    const std::string what = cat("D", var.head_dim, " K rot ", var.k_rotation, " V rot ", var.v_rotation,
+                                 var.mean ? " mu" : "", var.softcap > 0 ? " softcap" : "", var.sinks ? " sinks" : "",
+                                 var.mixed ? " mixed" : "");
+    expect_close(k, run_case(k), what);
+    k.plain_reader = true;
+    const Outcome wrong = run_case(k);
+    std::printf("  %-46s read as plain: rel L2 %.2e  lse %.2e\n", what.c_str(), wrong.rel_l2, wrong.lse_max_abs);
+    EXPECT_TRUE(wrong.rel_l2 > 0.1 || wrong.lse_max_abs > 1.0) << what << ": a reader without the format passed";
+  }
 }
 
 // A mixed call gives each split run its own region of the workspace: after a decode run and a

@@ -286,6 +286,29 @@ def test_a_format_with_rotation_and_smoothing_is_what_the_cache_stores_and_reads
         make_cache(model, format={"layers": [{"k": {"element": "fp8_e4m3"}}, {}]}, layout="flashinfer-hnd")
 
 
+@pytest.mark.gpu
+def test_the_kernels_read_a_format_with_rotation_and_smoothing():
+    # The same format on CUDA: the store kernel writes the reference's bytes, decode and prefill
+    # rotate the query and the output once per row and add q.mu (soft-capping: per logit).
+    model = tiny("gemma2")
+    layers, heads, dim = nt._kv_dims(model.config)
+    mu = (np.random.default_rng(4).standard_normal((layers, heads, dim)) * 0.3).astype(np.float32)
+    fmt = {"layers": [{"k": {"rule": "4over6", "rotation": 32}, "v": {"rotation": 32}}], "k_mean": mu}
+    ids, mask = batch(model.config.vocab_size, [24, 17], 4)
+    chunks = [16, 8, 1, 1, 1, 1]
+    want = run(model, TransformedReferenceCache(model.config, mu, 32, "4over6"), "eager", ids, mask, chunks)
+    model.cuda()
+    gpu = run(model, make_cache(model, device="cuda", format=fmt), nt.NAME, ids.cuda(), mask.cuda(), chunks).cpu()
+    assert relative_gap(gpu, want, mask) < GPU_TOLERANCE
+    plain = {"layers": [{"k": {"rule": "4over6"}}]}  # the same bytes read without rotation or mu
+    cache = make_cache(model, device="cuda", format=fmt)
+    cache.reader = nvfp4kv.Cache(nvfp4kv.with_format(cache.writer.layout, plain), str(cache.device),
+                                 buffers=[[cache.writer.buffer(0, layer) for layer in range(layers)]],
+                                 global_scales=cache.writer.global_scales)
+    bad = run(model, cache, nt.NAME, ids.cuda(), mask.cuda(), chunks).cpu()
+    assert relative_gap(bad, want, mask) > 10 * GPU_TOLERANCE
+
+
 K8_SCALE = 0.02  # FP8 K's per-tensor scale: E4M3's 448 at 8.96
 
 
@@ -497,3 +520,36 @@ def test_calibrate_on_the_command_line(tmp_path, capsys):
     assert "calibrated 2 layers on 64 tokens: 4.50 bits per value" in printed.out
     assert "nvfp4kv calibrate: [####################] 64/64 tokens" in printed.err
     assert nvfp4kv.load_calibration(str(out), layers=2, kv_heads=2, head_dim=64)["samples"] == 64
+
+
+def test_a_cuda_kvcache_refuses_fp8_layers_at_construction():
+    # Decode and prefill on CUDA read NVFP4 pages only so far (rotations and smoothing included):
+    # a format with FP8 layers is refused when the cache is made, by name, not at the first
+    # prompt. The check needs no GPU (it precedes any allocation).
+    plain = {"nvfp4kv_format": 1, "layers": [{"k": {"rule": "4over6", "rotation": "head"}, "v": {}}],
+             "k_mean": [0.0] * 8}
+    assert nt._gpu_format_problem(nt._element_groups(plain, 2)) is None
+    fp8 = {"nvfp4kv_format": 1, "layers": [{"k": {"element": "fp8_e4m3"}, "v": {}}, {"k": {}, "v": {}}]}
+    problem = nt._gpu_format_problem(nt._element_groups(fp8, 2))
+    assert problem is not None and "holds K as fp8_e4m3" in problem and "prefill" in problem, problem
+    if nvfp4kv.has_cuda:
+        config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                          num_hidden_layers=2, intermediate_size=64, vocab_size=32)
+        with pytest.raises(nvfp4kv.UnsupportedError, match="holds K as fp8_e4m3"):
+            nt.KVCache(config, max_tokens=64, device="cuda:0", format=fp8)
+
+
+def test_a_mixed_element_format_names_the_models_layer_in_its_errors():
+    # Layers 0 and 2 keep K in FP8, 1 and 3 do not: two caches, and layer 3 is the second of
+    # its group. A rotation that does not divide D (16 here) in layer 3 is named as layer 3.
+    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                      num_hidden_layers=4, intermediate_size=64, vocab_size=32)
+    fp8 = {"element": "fp8_e4m3"}
+    layers = [{"k": fp8, "v": {}}, {"k": {}, "v": {}}, {"k": fp8, "v": {}}, {"k": {}, "v": {"rotation": 32}}]
+    with pytest.raises(Exception, match=r"layers\[3\]\.v\.rotation"):
+        nt.KVCache(config, max_tokens=64, device="cpu", format={"nvfp4kv_format": 1, "layers": layers})
+    # An element's own rule (FP8 takes the standard rule only) is judged in its group: named alike.
+    layers[2] = {"k": {"element": "fp8_e4m3", "rule": "4over6"}, "v": {}}
+    layers[3] = {"k": {}, "v": {}}
+    with pytest.raises(Exception, match=r"layers\[2\]\.k"):
+        nt.KVCache(config, max_tokens=64, device="cpu", format={"nvfp4kv_format": 1, "layers": layers})

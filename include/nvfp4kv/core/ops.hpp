@@ -37,6 +37,10 @@ struct StoreArgs {
   ScaleRule rule = ScaleRule::kStandard;      // a layout without a format: both sides; with one, the
                                               // format's rules apply (this may only repeat them)
   DeviceStatus* status = nullptr;             // optional counters
+  // The layer format's K smoothing vector for the GPU: a device copy of the layout's
+  // format.k_mean (layers x kv heads x D floats, the same values), required exactly when
+  // the format smooths K. The CPU reference reads the format itself and ignores it.
+  const float* k_mean = nullptr;
 
   NVFP4KV_HD int64_t slot(int64_t i) const {
     return slots_are_int64 ? static_cast<const int64_t*>(slots)[i] : int64_t(static_cast<const int32_t*>(slots)[i]);
@@ -58,6 +62,10 @@ struct GatherArgs {
   // With a format that rotates or smooths: false gives the original values (rotation
   // undone, mu added back), true the values as stored (rotated, mu subtracted).
   bool stored_values = false;
+  // The layer format's K smoothing vector for the GPU: a device copy of the layout's
+  // format.k_mean (layers x kv heads x D floats, the same values), required exactly when
+  // the format smooths K. The CPU reference reads the format itself and ignores it.
+  const float* k_mean = nullptr;
 
   NVFP4KV_HD const float* global_scale(Side s) const { return s == Side::kK ? k_global_scale : v_global_scale; }
   NVFP4KV_HD void* out(Side s) const { return s == Side::kK ? k_out : v_out; }
@@ -88,6 +96,10 @@ struct DecodeArgs {
   DeviceStatus* status = nullptr; // optional counters (bad pages, bad lengths, bad global scales)
   void* workspace = nullptr;      // GPU: decode_workspace_bytes(...) bytes, 256-byte aligned
   size_t workspace_bytes = 0;
+  // The layer format's K smoothing vector for the GPU: a device copy of the layout's
+  // format.k_mean (layers x kv heads x D floats, the same values), required exactly when
+  // the format smooths K. The CPU reference reads the format itself and ignores it.
+  const float* k_mean = nullptr;
 
   NVFP4KV_HD const float* global_scale(Side s) const { return s == Side::kK ? k_global_scale : v_global_scale; }
 };
@@ -121,6 +133,10 @@ struct PrefillArgs {
   void* out = nullptr;            // (rows, q_heads, D) of q_type, contiguous
   float* lse = nullptr;           // optional (rows, q_heads): natural log of the softmax denominator
   DeviceStatus* status = nullptr; // optional counters (bad pages, bad lengths, bad global scales)
+  // The layer format's K smoothing vector for the GPU: a device copy of the layout's
+  // format.k_mean (layers x kv heads x D floats, the same values), required exactly when
+  // the format smooths K. The CPU reference reads the format itself and ignores it.
+  const float* k_mean = nullptr;
 
   NVFP4KV_HD const float* global_scale(Side s) const { return s == Side::kK ? k_global_scale : v_global_scale; }
   // Raw q length of sequence s (may be negative or above max_q_len: the kernels count it).

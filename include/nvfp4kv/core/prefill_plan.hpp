@@ -38,14 +38,14 @@ struct PrefillGeometry {
 // A block's shared memory, in the order the kernel carves it (each part a
 // multiple of 16 bytes): up to 1024 bytes of alignment (the carve starts on a
 // 1024-byte boundary, the swizzled tiles' atom); Q (kRows, D + kPad) FP16; per stage
-// K and V (kv_tile, D + kPad) FP16 each; the rows' logit multipliers (kRows) float;
+// K and V (kv_tile, D + kPad) FP16 each; the rows' logit multipliers and K smoothing terms (2 kRows) float;
 // 16 bytes of flags; a full and an empty barrier (8 bytes each) per stage. The
 // warpgroup-MMA tiles (sm_90a, D <= 128) keep Q, K and V as 128-byte-swizzled panels
 // without the padding, inside the same parts (each part a multiple of 1024 bytes).
 NVFP4KV_HD constexpr size_t prefill_smem_bytes(int head_dim, int kv_tile, int stages) {
   using namespace prefill_limits;
   return 1024 + size_t(kRows) * (head_dim + kPad) * 2 + size_t(stages) * 2 * size_t(kv_tile) * (head_dim + kPad) * 2 +
-         size_t(kRows) * 4 + 16 + size_t(stages) * 16;
+         size_t(kRows) * 8 + 16 + size_t(stages) * 16;
 }
 
 // Fills *out from the layout and the call's shape (args: q_heads, max_q_len).

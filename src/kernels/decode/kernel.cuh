@@ -313,9 +313,15 @@ struct DecodeBlock {
       const uint16_t* q = r < rows ? static_cast<const uint16_t*>(a.q) + (q_row0 + r / group) * token_stride +
                                          (th.kv_head * group + r % group) * d.head_dim
                                    : nullptr;
+      // The format's query step: K's rotation applied to the row, q . mu for K's smoothing.
+      const attention::QueryTransform t{p.format.k.rotation, p.format.k.mean_row(th.kv_head, d.head_dim)};
+      float q_mu = 0;
       const float scale = attention::prescale_query_row<kD, kType, Format>(q, d.head_dim, th.lane, s.q + r * kD,
-                                                                            a.softmax_scale * k_global_scale);
-      if (th.lane == 0) s.row_scale[r] = scale;
+                                                                            a.softmax_scale * k_global_scale, t, &q_mu);
+      if (th.lane == 0) {
+        s.row_scale[r] = scale;
+        if (s.row_bias) s.row_bias[r] = a.softmax_scale * q_mu * attention::kLog2e;
+      }
     }
   }
 
@@ -524,7 +530,13 @@ struct DecodeBlock {
         const bool v0 = full[i] || token_valid(first[i] + g, mk), v1 = full[i] || token_valid(first[i] + g + 8, mk);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const float y = logits(sacc[i][nt][k] * ln.rs[nt][k & 1]);
+          // K smoothing's q . mu joins each logit before a soft-cap (read from shared memory
+          // per tile: as two more lane registers the soft-cap instances spilled); without a
+          // soft-cap it is a shift of the row, added once when the row is finished.
+          float y;
+          if constexpr (kSoftcap)
+            y = logits(fmaf(sacc[i][nt][k], ln.rs[nt][k & 1], s.row_bias ? s.row_bias[8 * nt + 2 * ln.c + (k & 1)] : 0.0f));
+          else y = logits(sacc[i][nt][k] * ln.rs[nt][k & 1]);
           bool v = k < 2 ? v0 : v1;
           if constexpr (kShort)  // row 8 nt + 2c + (k & 1), token g or g + 8 of the tile
             if (!full[i]) v = v && row_sees(8 * nt + 2 * ln.c + (k & 1), first[i] + g + (k < 2 ? 0 : 8), mk);
@@ -571,6 +583,22 @@ struct DecodeBlock {
   }
 };
 
+// Rows (rows x dim floats, `stride` apart, in shared memory) through the block-diagonal
+// Hadamard butterflies of block n (no normalization), by the whole block, a barrier after each
+// span; every thread of the block calls it. Out of line: not in the kernel's body.
+static __device__ __noinline__ void unrotate_rows(float* rows_base, int rows, int dim, int stride, int n, int tid, int threads) {
+  const int half = dim / 2;
+  for (int span = 1; span < n; span *= 2) {
+    for (int i = tid; i < rows * half; i += threads) {
+      const int row = i / half, pi = i % half;
+      float* const x = rows_base + row * stride + (pi / span) * 2 * span + pi % span;
+      const float u = x[0], w = x[span];
+      x[0] = u + w, x[span] = u - w;
+    }
+    __syncthreads();
+  }
+}
+
 // The split workspace of a decode call: partials per (sequence, split, kv head,
 // block row), a ticket per (sequence, kv head) (core/decode_plan.hpp).
 inline __device__ attention::SplitWorkspace split_workspace(const DecodeParams& p) {
@@ -604,7 +632,7 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   const CacheDims& d = p.layout.dims();
   const int64_t n = d.tokens_per_page;
   Smem s;
-  carve<kD>(smem_raw, g, n, &s);
+  carve<kD>(smem_raw, g, n, &s, p.smooths_k);
   // The block's span of its sequence.
   const SequenceLength len = sequence_length(a.batch, th.seq, n);
   // The sequence's query tokens: one (decode), or q_len rows from cu_q (short-query
@@ -783,23 +811,51 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   __syncthreads();  // the producer joins: every warp's partial state is in place
   const float* cm = reinterpret_cast<const float*>(s.stage);
   const float* cl = cm + kConsumerWarps * 16;
-  const float* co = cl + kConsumerWarps * 16;
+  float* const co = reinterpret_cast<float*>(s.stage) + 2 * kConsumerWarps * 16;
   const bool poisoned = !scales_ok || span.bad_length || s.flags[0] != 0;
   const int group = g.group;
   const float nan = attention::quiet_nan();
   const float out_scale = Block::Format::kUndo * vgs;  // undo the placement's 2^-14; V's global scale
-  // Row r of the block: query row q_row0 + r / group, head r % group of the kv head's group.
-  for (int idx = th.tid; idx < block.rows * d.head_dim; idx += kThreads) {
-    const int row = idx / int(d.head_dim), col = idx % int(d.head_dim);
-    float mx = kNegInf;
+  // Row r's parts rebased onto their common maximum: (max, sum, o at column col).
+  const auto combine = [&](int row, int col, float& mx, float& l) {
+    mx = kNegInf;
     for (int w = 0; w < kConsumerWarps; ++w) mx = fmaxf(mx, cm[w * 16 + row]);
-    float l = 0, o = 0;
+    l = 0;
+    float o = 0;
     if (mx != kNegInf)
       for (int w = 0; w < kConsumerWarps; ++w) {
         const float f = exp2f(cm[w * 16 + row] - mx);
         l += cl[w * 16 + row] * f;
         o += co[(w * 16 + row) * kD + col] * f;
       }
+    return o;
+  };
+  // V's rotation undone once per row, on the combined O (linear, so a split's partial
+  // may be taken back before the merge): each (row, column) combined into warp 0's
+  // slice in place (one thread reads and writes each element), then the rows' butterflies
+  // by the whole block (common/row_transforms.cuh's order, in float32).
+  const int v_rotation = p.format.v.rotation;
+  if (v_rotation > 0) {
+    for (int idx = th.tid; idx < block.rows * d.head_dim; idx += kThreads) {
+      const int row = idx / int(d.head_dim), col = idx % int(d.head_dim);
+      float mx, l;
+      const float o = combine(row, col, mx, l);
+      co[row * kD + col] = o;
+    }
+    __syncthreads();
+    unrotate_rows(co, block.rows, int(d.head_dim), kD, v_rotation, th.tid, kThreads);
+  }
+  const float rotation_norm = v_rotation > 0 ? hadamard_scale(v_rotation) : 1.0f;
+  // Row r of the block: query row q_row0 + r / group, head r % group of the kv head's group.
+  for (int idx = th.tid; idx < block.rows * d.head_dim; idx += kThreads) {
+    const int row = idx / int(d.head_dim), col = idx % int(d.head_dim);
+    float mx, l;
+    float o = combine(row, col, mx, l);
+    if (v_rotation > 0) o = co[row * kD + col] * rotation_norm;
+    // K smoothing's q . mu: a shift of every logit of the row (no soft-cap; under one it
+    // joined each logit), so of the row's maximum.
+    if constexpr (!kSoftcap)
+      if (s.row_bias && mx != kNegInf) mx += s.row_bias[row];
     const int64_t head = th.kv_head * group + row % group, q_row = q_row0 + row / group;
     if (g.splits == 1) {
       const attention::RowTotal t = attention::finish_row(mx, l, attention::sink_logit2(a.sinks, head));

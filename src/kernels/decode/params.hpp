@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "../common/format_view.hpp"
 #include "nvfp4kv/core/decode_plan.hpp"
 #include "nvfp4kv/core/ops.hpp"
 
@@ -17,6 +18,10 @@ struct DecodeParams {
   CacheBuffers cache;
   DecodeArgs args;
   DecodeGeometry geometry;
+  LayerFormatView format;  // the layer's format: its rotations and K smoothing (common/format_view.hpp)
+  // The layout's format smooths K: the kernel keeps q . mu per query row (16 floats of shared
+  // memory, carved only then, so that a plain cache plans the same stages as before).
+  bool smooths_k = false;
   // The short-query route (a mixed batch's runs of q length 2..16 / group): each
   // sequence's query rows cu_q[s] .. cu_q[s + 1] of args.q / out / lse, at most
   // max_q_len of them (which sizes geometry.rows); null with max_q_len 1: decode.

@@ -29,6 +29,8 @@ struct Smem {
   int32_t* pages;                     // (entries per split) the block's page ids, -1: bad
   __half* q;                          // (16, D) the query rows, prescaled
   float* row_scale;                   // (16) logit multiplier per query row
+  float* row_bias;                    // (16) per query row: softmax_scale * q . mu * log2(e), K smoothing's
+                                      // logit term; null where the format smooths no K
   uint2* qfrag;                       // (D / 16, 2, 32) the query's B fragments per k-step, n-tile and lane
   unsigned long long* page_ok;        // (stages) bit p: page slot p was loaded
   uint64_t* full;                     // (stages) the stage's copies have landed and page_ok is written
@@ -59,7 +61,7 @@ __host__ __device__ size_t stage_area(const DecodeGeometry& g) {
 }
 
 template <int kD>
-__host__ __device__ size_t carve(char* base, const DecodeGeometry& g, int64_t n, Smem* s) {
+__host__ __device__ size_t carve(char* base, const DecodeGeometry& g, int64_t n, Smem* s, bool row_bias) {
   const int stage_tokens = g.pages_per_stage * int(n);
   const int tokens = (stage_tokens + kTile - 1) / kTile * kTile;
   Carve c;
@@ -73,6 +75,7 @@ __host__ __device__ size_t carve(char* base, const DecodeGeometry& g, int64_t n,
   m.pages = c.take<int32_t>(base, size_t(g.entries_per_split));
   m.q = c.take<__half>(base, 16 * kD);
   m.row_scale = c.take<float>(base, 16);
+  m.row_bias = row_bias ? c.take<float>(base, 16) : nullptr;
   m.qfrag = c.take<uint2>(base, size_t(kD / 16) * 2 * 32);
   m.page_ok = c.take<unsigned long long>(base, g.stages, 8);
   m.full = c.take<uint64_t>(base, g.stages, 8);

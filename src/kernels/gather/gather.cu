@@ -12,6 +12,7 @@
 #include "../common/device.cuh"
 #include "../common/dispatch.cuh"
 #include "../common/token_block.hpp"
+#include "../common/row_transforms.cuh"
 #include "nvfp4kv/core/packed_block.hpp"
 #include "params.hpp"
 
@@ -178,12 +179,105 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams p) {
 #endif
 }
 
+
+// ---- a layer holding FP8, or read back through its transforms -----------------------
+// One warp per (token, side, head) row: the row's elements as the reference reads them
+// (e2m1 * scale * global scale, or e4m3 * global scale), in float64 in shared memory; then,
+// unless the stored values are asked for, the rotation undone and mu added in float64 in
+// the reference's order (common/row_transforms.cuh); each value rounded to float and then
+// to the output type as the reference rounds. So the outputs are the reference's bits.
+// Bad pages, lengths and scales are handled as the vectorized kernel handles them.
+constexpr int kRowWarps = 4;
+
+template <ElementType kOut>
+__device__ __forceinline__ uint16_t output_bits(float x) {
+  return kOut == ElementType::kBFloat16 ? float_to_bf16(x) : float_to_fp16(x);
+}
+
+template <ElementType kOut>
+__device__ void gather_rows_device(const GatherParams& p, double* row, int64_t seq, int64_t entry) {
+  const CacheDims& d = p.layout.dims();
+  const GatherArgs& a = p.args;
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const int64_t row_elements = d.heads * d.head_dim;
+  const uint16_t nan = output_bits<kOut>(__int_as_float(0x7FC00000));
+  const auto fill_nan = [&](Side side, int64_t first_row, int64_t rows) {
+    uint16_t* out = static_cast<uint16_t*>(a.out(side)) + first_row * row_elements;
+    for (int64_t e = threadIdx.x; e < rows * row_elements; e += blockDim.x) out[e] = nan;
+  };
+  const SequenceLength len = sequence_length(a.batch, seq, d.tokens_per_page);
+  const int64_t begin = a.batch.first_row(seq);
+  if (len.bad && entry == a.batch.block_table_stride - 1) {
+    if (threadIdx.x == 0 && a.status) atomicAdd(&a.status->bad_lengths, 1ull);
+    const int64_t beyond = a.batch.raw_length(seq) - len.tokens;
+    if (beyond > 0)
+      for (Side side : {Side::kK, Side::kV}) fill_nan(side, begin + len.tokens, beyond);
+  }
+  const int64_t first = entry * d.tokens_per_page;
+  if (first >= len.tokens) return;
+  const int64_t count = min(d.tokens_per_page, len.tokens - first);
+  const int64_t page = page_of(a.batch, seq, entry, d.pages);
+  const bool scales_ok = global_scale_usable(*a.k_global_scale) && global_scale_usable(*a.v_global_scale);
+  if ((page < 0 || !scales_ok) && threadIdx.x == 0 && a.status)
+    atomicAdd(page < 0 ? &a.status->bad_pages : &a.status->bad_global_scale, (unsigned long long)count);
+  for (int64_t item = warp; item < count * 2 * d.heads; item += kRowWarps) {
+    const int64_t t = item / (2 * d.heads), h = item % d.heads;
+    const Side side = Side((item / d.heads) % 2);
+    const float gs = *a.global_scale(side);
+    uint16_t* const out = static_cast<uint16_t*>(a.out(side)) + (begin + first + t) * row_elements + h * d.head_dim;
+    if (page < 0 || !global_scale_usable(gs)) {  // never read outside the cache or with a broken scale
+      for (int64_t e = lane; e < d.head_dim; e += 32) out[e] = nan;
+      continue;
+    }
+    const SideRegions reg = side_regions(side);
+    const SideFormatView& f = p.format.side(side);
+    Coord c{a.layer, page, t, h, 0};
+    for (int64_t e = lane; e < d.head_dim; e += 32) {
+      if (d.fp8(side)) {
+        c.column = e;
+        row[e] = fp8_decode_element(*element_address(p.layout, p.cache, reg.data, c), gs);
+      } else {
+        c.column = e / 2;
+        const uint8_t byte = p.layout.codes().decode(*element_address(p.layout, p.cache, reg.data, c));
+        c.column = e / kBlockSize;
+        row[e] = dequantize_element(byte, int(e % 2), *element_address(p.layout, p.cache, reg.scale, c), gs);
+      }
+    }
+    if (!a.stored_values && f.transformed()) {
+      if (f.rotation > 0) hadamard_row(row, d.head_dim, f.rotation, lane);
+      if (const float* mu = f.mean_row(h, d.head_dim))
+        for (int64_t e = lane; e < d.head_dim; e += 32) row[e] = __dadd_rn(row[e], double(mu[e]));
+    }
+    for (int64_t e = lane; e < d.head_dim; e += 32) out[e] = output_bits<kOut>(float(row[e]));
+    __syncwarp();  // the row's shared memory is free for the warp's next item
+  }
+}
+
+// blockIdx = (block-table entry, sequence), as the vectorized kernel.
+template <ElementType kOut>
+__global__ void __launch_bounds__(kRowWarps * 32) gather_rows_kernel(const __grid_constant__ GatherParams p) {
+#if NVFP4KV_KERNEL_ARCH_SUPPORTED
+  extern __shared__ double rows[];
+  gather_rows_device<kOut>(p, rows + (threadIdx.x / 32) * p.layout.dims().head_dim, int64_t(blockIdx.y),
+                           int64_t(blockIdx.x));
+#else
+  __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
+#endif
+}
+
 }  // namespace
 
 cudaError_t launch_gather(const GatherParams& p, cudaStream_t stream) {
   if (p.args.batch.batch == 0) return cudaSuccess;
   const CacheDims& d = p.layout.dims();
   const dim3 grid{unsigned(p.args.batch.block_table_stride), unsigned(p.args.batch.batch)};
+  if (p.format.holds_fp8() || (p.format.transformed() && !p.args.stored_values)) {
+    const size_t smem = size_t(kRowWarps) * size_t(d.head_dim) * sizeof(double);
+    return NVFP4KV_DISPATCH_HALF_TYPE(p.args.out_type, kOut, [&] {
+      gather_rows_kernel<kOut><<<grid, kRowWarps * 32, smem, stream>>>(p);
+      return cudaGetLastError();
+    });
+  }
   const dim3 block = token_block(d, 256, d.tokens_per_page);
   return NVFP4KV_DISPATCH_HALF_TYPE(p.args.out_type, kOut, [&] {
     return NVFP4KV_DISPATCH_HEAD_DIM(d.head_dim, kHeadDim, [&] {

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "../common/format_view.hpp"
 #include "nvfp4kv/core/ops.hpp"
 #include "nvfp4kv/core/prefill_plan.hpp"
 
@@ -16,6 +17,7 @@ struct PrefillParams {
   CacheBuffers cache;
   PrefillArgs args;
   PrefillGeometry geometry;
+  LayerFormatView format;  // the layer's format: its rotations and K smoothing (common/format_view.hpp)
 };
 
 // Fills p.geometry (core's plan_prefill_geometry) from the layout and the args'

@@ -66,6 +66,7 @@ struct Smem {
   __half* q;          // (kRows, kStride) the rows' queries, prescaled (wgmma: swizzled panels, no padding)
   __half* ring;       // per stage: K then V, (kKvTile, kStride) each
   float* row_scale;   // (kRows) logit multiplier per row (base 2)
+  float* row_bias;    // (kRows) per row: softmax_scale * q . mu in base 2, K smoothing's logit term (0 without)
   int* flags;         // [0]: a bad page among the sequence's tokens
   uint64_t* full;     // per stage: the producers' stores are in it
   uint64_t* empty;    // per stage: the consumers are done with it
@@ -77,7 +78,8 @@ struct Smem {
     s.q = reinterpret_cast<__half*>(base);
     s.ring = s.q + kRows * kStride;
     s.row_scale = reinterpret_cast<float*>(s.ring + size_t(stages) * 2 * kKvTile * kStride);
-    s.flags = reinterpret_cast<int*>(s.row_scale + kRows);
+    s.row_bias = s.row_scale + kRows;
+    s.flags = reinterpret_cast<int*>(s.row_bias + kRows);
     s.full = reinterpret_cast<uint64_t*>(s.flags + 4);
     s.empty = s.full + stages;
     return s;
@@ -260,17 +262,19 @@ __device__ void load_query(const PrefillParams& p, const Smem<kD>& s, const Bloc
   for (int r = b.warp; r < kRows; r += kConsumerWarps) {
     const int64_t token = b.row0 + b.i0 + r / group, head = b.kv_head * group + r % group;
     const uint16_t* const row = r < b.rows ? static_cast<const uint16_t*>(a.q) + token * stride + head * dim : nullptr;
-    float scale;
+    // The format's query step: K's rotation applied to the row, q . mu for K's smoothing.
+    const QueryTransform t{p.format.k.rotation, p.format.k.mean_row(b.kv_head, dim)};
+    float scale, q_mu = 0;
     if constexpr (kWgmmaTiles<kD>) {
       char* const q = reinterpret_cast<char*>(s.q);
       scale = prescale_query_row_to<kD, kType, Format>(
           row, dim, b.lane, [q, r](int col, __half v) { *reinterpret_cast<__half*>(q + swizzled_offset(kRows, r, col)) = v; },
-          a.softmax_scale * k_global_scale);
+          a.softmax_scale * k_global_scale, t, &q_mu);
     } else {
       scale = prescale_query_row<kD, kType, Format>(row, dim, b.lane, s.q + r * Smem<kD>::kStride,
-                                                    a.softmax_scale * k_global_scale);
+                                                    a.softmax_scale * k_global_scale, t, &q_mu);
     }
-    if (b.lane == 0) s.row_scale[r] = scale;
+    if (b.lane == 0) s.row_scale[r] = scale, s.row_bias[r] = a.softmax_scale * q_mu * kLog2e;
   }
 }
 
@@ -288,7 +292,7 @@ struct WarpState {
 // before P V is added (rescale_o).
 template <int kD, bool kSoftcap, bool kMask>
 __device__ __forceinline__ void softmax_scores(const PrefillParams& p, int c, int64_t kv0, const int64_t (&pos)[2],
-                                               const float (&rs)[2], float (&acc)[kKvTile / 8][4], WarpState<kD>& st,
+                                               const float (&rs)[4], float (&acc)[kKvTile / 8][4], WarpState<kD>& st,
                                                float (&alpha)[2]) {
   constexpr int kN = kKvTile / 8;
   const Logits<kSoftcap> logits = Logits<kSoftcap>::make(p.args.softcap);
@@ -300,7 +304,11 @@ __device__ __forceinline__ void softmax_scores(const PrefillParams& p, int c, in
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int h = k >> 1;
-      float x = logits(acc[nt][k] * rs[h]);
+      // rs: the rows' multipliers, then their K smoothing terms, which join each logit before
+      // a soft-cap (without one they shift the row, added when the row is finished).
+      float x;
+      if constexpr (kSoftcap) x = logits(fmaf(acc[nt][k], rs[h], rs[2 + h]));
+      else x = logits(acc[nt][k] * rs[h]);
       if constexpr (kMask) {
         const int64_t t = kv0 + 8 * nt + 2 * c + (k & 1);
         if (t > pos[h] || t < start[h]) x = kNegInf;
@@ -336,7 +344,7 @@ __device__ __forceinline__ void rescale_o(WarpState<kD>& st, const float (&alpha
 }
 template <int kD, bool kSoftcap, bool kMask>
 __device__ __forceinline__ void softmax_tile(const PrefillParams& p, int c, int64_t kv0, const int64_t (&pos)[2],
-                                             const float (&rs)[2], float (&acc)[kKvTile / 8][4], WarpState<kD>& st) {
+                                             const float (&rs)[4], float (&acc)[kKvTile / 8][4], WarpState<kD>& st) {
   float alpha[2];
   softmax_scores<kD, kSoftcap, kMask>(p, c, kv0, pos, rs, acc, st, alpha);
   rescale_o(st, alpha);
@@ -346,7 +354,7 @@ __device__ __forceinline__ void softmax_tile(const PrefillParams& p, int c, int6
 // outside some row's [window start, position] (else every logit counts, and none is compared).
 template <int kD, bool kSoftcap, bool kMask>
 __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, int slot, const Block& b, int64_t kv0,
-                          const int64_t (&pos)[2], const float (&rs)[2], WarpState<kD>& st) {
+                          const int64_t (&pos)[2], const float (&rs)[4], WarpState<kD>& st) {
   constexpr int kStride = Smem<kD>::kStride;
   const int c = b.lane & 3;
   const int l8 = b.lane & 7, mi = b.lane >> 3;  // ldmatrix: the lane's row in its matrix, and the matrix
@@ -427,7 +435,7 @@ __device__ __forceinline__ void pack_p(const float (&acc)[kKvTile / 8][4], uint3
 // then O rescaled and tile j's P packed into pa. Straight-line between issue and wait.
 template <int kD, bool kSoftcap, bool kMask>
 __device__ __forceinline__ void pipelined_step(const PrefillParams& p, const Smem<kD>& s, int wg, int c, int slot,
-                                               int pv_slot, int64_t kv0, const int64_t (&pos)[2], const float (&rs)[2],
+                                               int pv_slot, int64_t kv0, const int64_t (&pos)[2], const float (&rs)[4],
                                                float (&acc)[kKvTile / 8][4], uint32_t (&pa)[kKvTile / 16][4],
                                                WarpState<kD>& st) {
   wgmma_fence();
@@ -449,7 +457,7 @@ __device__ __forceinline__ void pipelined_step(const PrefillParams& p, const Sme
 // warpgroup calls it for the same tile.
 template <int kD, bool kSoftcap>
 __device__ void take_tile_wgmma(const PrefillParams& p, const Smem<kD>& s, int slot, int wg, int c, int64_t kv0,
-                                const int64_t (&pos)[2], const float (&rs)[2], bool mask, WarpState<kD>& st) {
+                                const int64_t (&pos)[2], const float (&rs)[4], bool mask, WarpState<kD>& st) {
   float acc[kKvTile / 8][4];
   uint32_t pa[kKvTile / 16][4];
   wgmma_fence();
@@ -550,6 +558,61 @@ __device__ void produce(const PrefillParams& p, const Smem<kD>& s, const Block& 
   }
 }
 
+// V's rotation undone on a warp's O (m16n8 accumulators: a lane holds columns 8 dn + 2 c + e,
+// e = 0, 1, of rows g and g + 8): butterflies of span 1 inside a register pair, of span 2 and
+// 4 across the lanes of a row (c), of span 8 and up across dn; then the 1 / sqrt(n). Every
+// lane of the warp calls it.
+template <int kD>
+__device__ __forceinline__ void unrotate_o(float (&o)[kD / 8][4], int n_rot, int c) {
+#pragma unroll
+  for (int dn = 0; dn < kD / 8; ++dn)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float u = o[dn][2 * h], w = o[dn][2 * h + 1];
+      o[dn][2 * h] = u + w, o[dn][2 * h + 1] = u - w;
+    }
+  for (int span = 2; span < n_rot && span < 8; span *= 2) {
+    const bool high = (c & (span / 2)) != 0;
+#pragma unroll
+    for (int dn = 0; dn < kD / 8; ++dn)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float other = __shfl_xor_sync(0xFFFFFFFFu, o[dn][k], span / 2);
+        o[dn][k] = high ? other - o[dn][k] : o[dn][k] + other;
+      }
+  }
+#pragma unroll
+  for (int m = 1; m < kD / 8; m *= 2) {
+    if (8 * m >= n_rot) break;
+#pragma unroll
+    for (int dn = 0; dn < kD / 8; ++dn)
+      if ((dn & m) == 0)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float u = o[dn][k], w = o[dn + m][k];
+          o[dn][k] = u + w, o[dn + m][k] = u - w;
+        }
+  }
+  const float norm = hadamard_scale(n_rot);
+#pragma unroll
+  for (int dn = 0; dn < kD / 8; ++dn)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o[dn][k] *= norm;
+}
+
+// The same out of line and by value, as the kernel calls it: inline, the butterflies over
+// every accumulator raised ptxas' spills (D 256: 612 to 928 bytes, sm_90a); by value the
+// caller's accumulators keep their registers (their address is never taken).
+template <int kD>
+struct OTile {
+  float o[kD / 8][4];
+};
+template <int kD>
+__device__ __noinline__ OTile<kD> unrotated(OTile<kD> t, int n_rot, int c) {
+  unrotate_o<kD>(t.o, n_rot, c);
+  return t;
+}
+
 template <int kD, ElementType kType, bool kSoftcap>
 __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) {
   const PrefillArgs& a = p.args;
@@ -638,12 +701,15 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   const int g = b.lane >> 2, c = b.lane & 3;
   int64_t pos[2];
   bool live[2];
-  float rs[2];
+  float rs[4];  // the rows' logit multipliers, then their K smoothing terms
   for (int h = 0; h < 2; ++h) {
     const int r = 16 * b.warp + g + 8 * h;
     live[h] = r < b.rows;
     pos[h] = first_pos + r / group;
     rs[h] = s.row_scale[r];
+    // Only a soft-cap needs the term per logit; without one it is read when the row is
+    // finished (held in registers through the tile loop, it cost 8 % at 1 x 8K, D 128, H100).
+    rs[2 + h] = kSoftcap ? s.row_bias[r] : 0.0f;
   }
   // The warp's rows see tokens [its first row's window start, its last row's position];
   // a tile inside [the last row's window start, the first row's position] needs no mask.
@@ -733,6 +799,19 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
     if (++slot == stages) slot = 0, phase ^= 1;
   }
 
+  // V's rotation undone on O, once per row.
+  if (const int n_rot = p.format.v.rotation; n_rot > 0) {
+    OTile<kD> t;
+#pragma unroll
+    for (int dn = 0; dn < kD / 8; ++dn)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) t.o[dn][k] = st.o[dn][k];
+    t = unrotated<kD>(t, n_rot, c);
+#pragma unroll
+    for (int dn = 0; dn < kD / 8; ++dn)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) st.o[dn][k] = t.o[dn][k];
+  }
   // The rows' totals (the sink joins the denominator), then O / total in the output type.
   const float out_scale = Format::kUndo * vgs;
   for (int h = 0; h < 2; ++h) {
@@ -742,7 +821,11 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
     if (!live[h]) continue;
     const int r = 16 * b.warp + g + 8 * h;
     const int64_t row = b.row0 + b.i0 + r / group, head = b.kv_head * group + r % group;
-    const RowTotal t = finish_row(st.m[h], l, sink_logit2(a.sinks, head));
+    // K smoothing's q . mu: without a soft-cap a shift of the row's logits, so of its maximum.
+    float mx = st.m[h];
+    if constexpr (!kSoftcap)
+      if (mx != kNegInf) mx += s.row_bias[r];
+    const RowTotal t = finish_row(mx, l, sink_logit2(a.sinks, head));
     const float f = t.total > 0 ? t.factor / t.total * out_scale : 0.0f;
     uint16_t* const out = static_cast<uint16_t*>(a.out) + (row * a.q_heads + head) * dim;
     for (int dn = 0; dn < kD / 8; ++dn) {

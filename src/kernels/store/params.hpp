@@ -4,6 +4,7 @@
 // caller's StoreArgs (the vocabulary the reference uses too).
 #include <cuda_runtime_api.h>
 
+#include "../common/format_view.hpp"
 #include "nvfp4kv/core/ops.hpp"
 
 namespace nvfp4kv::kernels {
@@ -12,6 +13,7 @@ struct StoreParams {
   LayoutView layout;
   CacheBuffers cache;
   StoreArgs args;
+  LayerFormatView format;  // the layer's format (common/format_view.hpp)
 };
 
 // Dispatches on the element type, scale rule and head dim; one launch.

@@ -13,8 +13,11 @@
 #include "../common/device.cuh"
 #include "../common/dispatch.cuh"
 #include "../common/token_block.hpp"
+#include "../common/row_transforms.cuh"
 #include "nvfp4kv/core/packed_block.hpp"
 #include "params.hpp"
+
+#include <algorithm>
 
 namespace nvfp4kv::kernels {
 namespace {
@@ -47,6 +50,23 @@ __device__ __forceinline__ PackedBlock quantize(const uint4& lo, const uint4& hi
     if (amax < non_finite_floor<kType>()) return quantize_finite_block<kType>(w, amax, gs);
   }
   return quantize_general<kType, kRule>(lo, hi, gs, status);
+}
+
+// Whether a token's rows are stored: its slot in the layer and both global scales usable. The
+// scales live in device memory (graph capture), so they are checked here: a zero, negative or
+// non-finite scale would put NaN block scales in the cache. One thread per token (counter)
+// counts it: padding, out of range, a bad global scale, or stored.
+__device__ __forceinline__ bool admit_token(const StoreArgs& a, const CacheDims& d, int64_t slot, bool counter) {
+  if (slot < 0 || slot >= d.pages * d.tokens_per_page) {
+    if (counter && a.status) atomicAdd(slot < 0 ? &a.status->padding : &a.status->out_of_range, 1ull);
+    return false;
+  }
+  if (!global_scale_usable(*a.k_global_scale) || !global_scale_usable(*a.v_global_scale)) {
+    if (counter && a.status) atomicAdd(&a.status->bad_global_scale, 1ull);
+    return false;
+  }
+  if (counter && a.status) atomicAdd(&a.status->stored, 1ull);
+  return true;
 }
 
 // Input rows reach shared memory by cp.async, kStages - 1 heads ahead of the head
@@ -90,19 +110,8 @@ __device__ __forceinline__ void store_device(const StoreParams& p, StoreShared& 
   const StoreArgs& a = p.args;
   if (th.token >= a.rows.tokens) return;
   const int64_t slot = a.slot(th.token);
-  const bool counter = th.group == 0 && th.side == Side::kK && th.first_head == 0;
-  if (slot < 0 || slot >= d.pages * d.tokens_per_page) {
-    if (counter && a.status) atomicAdd(slot < 0 ? &a.status->padding : &a.status->out_of_range, 1ull);
-    return;
-  }
-  // The scales live in device memory (graph capture), so they are checked here: a
-  // zero, negative or non-finite scale would put NaN block scales in the cache.
+  if (!admit_token(a, d, slot, th.group == 0 && th.side == Side::kK && th.first_head == 0)) return;
   const float kgs = *a.k_global_scale, vgs = *a.v_global_scale;
-  if (!global_scale_usable(kgs) || !global_scale_usable(vgs)) {
-    if (counter && a.status) atomicAdd(&a.status->bad_global_scale, 1ull);
-    return;
-  }
-  if (counter && a.status) atomicAdd(&a.status->stored, 1ull);
   const float gs = th.side == Side::kK ? kgs : vgs;
   const SideRegions reg = side_regions(th.side);
   // capacity < 2^31 is checked on the host, so a 32-bit division suffices.
@@ -178,21 +187,114 @@ __global__ void __launch_bounds__(kMaxThreads, kRule == ScaleRule::kStandard ? k
 #endif
 }
 
+
+// ---- a layer whose format transforms its rows, holds FP8 or gives K and V different rules
+// One warp per (token, side, head) row: the row in shared memory as floats, the format's
+// transforms in the writer's order (common/row_transforms.cuh), then NVFP4 blocks by core's
+// quantize_block with the side's rule (a lane per block) or FP8 codes by fp8_encode_element
+// (a lane per element), every byte placed through the layout. The reference writes the
+// same operations in the same order, so the bytes are equal. Not the bandwidth path: the
+// plain format keeps the vectorized kernel above.
+constexpr int kRowWarps = 4;
+
+template <ElementType kType>
+__device__ __forceinline__ float input_element(const uint16_t* src, int64_t e) {
+  return kType == ElementType::kBFloat16 ? bits_float(uint32_t(src[e]) << 16) : fp16_bits_to_float(src[e]);
+}
+
+template <ElementType kType>
+__device__ void store_row(const StoreParams& p, float* row, int64_t item, int lane) {
+  const CacheDims& d = p.layout.dims();
+  const StoreArgs& a = p.args;
+  const int64_t token = item / (2 * d.heads), h = item % d.heads;
+  const Side side = Side((item / d.heads) % 2);
+  const int64_t slot = a.slot(token);
+  if (!admit_token(a, d, slot, lane == 0 && side == Side::kK && h == 0)) return;
+  const float kgs = *a.k_global_scale, vgs = *a.v_global_scale;
+  const SideFormatView& f = p.format.side(side);
+  const float* const mu = f.mean_row(h, d.head_dim);
+  const uint16_t* const src =
+      static_cast<const uint16_t*>(a.rows.side(side)) + token * a.rows.token_stride + h * d.head_dim;
+  unsigned long long non_finite = 0;
+  for (int64_t e = lane; e < d.head_dim; e += 32) {
+    float x = input_element<kType>(src, e);
+    if (f.transformed()) {  // a NaN rotated would spread over its whole block
+      if (!fp8_input_finite(x)) x = 0.0f, ++non_finite;
+      if (mu) x = __fsub_rn(x, mu[e]);
+    }
+    row[e] = x;
+  }
+  if (f.rotation > 0) hadamard_row(row, d.head_dim, f.rotation, lane);
+  __syncwarp();
+  const float gs = side == Side::kK ? kgs : vgs;
+  const SideRegions reg = side_regions(side);
+  const Coord at{a.layer, slot / d.tokens_per_page, slot % d.tokens_per_page, h, 0};
+  if (d.fp8(side)) {  // one E4M3 code per byte, column = element
+    const float inv = __frcp_rn(gs);  // 1 / scale, correctly rounded, as the reference divides
+    for (int64_t e = lane; e < d.head_dim; e += 32) {
+      const float x = row[e];
+      non_finite += fp8_input_finite(x) ? 0 : 1;
+      Coord c = at;
+      c.column = e;
+      *element_address(p.layout, p.cache, reg.data, c) = fp8_encode_element(x, inv);
+    }
+  } else {
+    for (int64_t g = lane; g < d.scale_bytes(); g += 32) {
+      const QuantizedBlock q = quantize_block(row + g * kBlockSize, gs, f.rule);
+      non_finite += q.non_finite;
+      Coord c = at;
+      c.column = g;
+      *element_address(p.layout, p.cache, reg.scale, c) = q.scale;
+      for (int j = 0; j < kBlockSize / 2; ++j) {
+        c.column = g * (kBlockSize / 2) + j;
+        *element_address(p.layout, p.cache, reg.data, c) = p.layout.codes().encode(q.packed[j]);
+      }
+    }
+  }
+  if (non_finite && a.status) atomicAdd(&a.status->non_finite, non_finite);
+  __syncwarp();  // the row's shared memory is free for the warp's next item
+}
+
+template <ElementType kType>
+__global__ void __launch_bounds__(kRowWarps * 32) store_rows_kernel(const __grid_constant__ StoreParams p) {
+#if NVFP4KV_KERNEL_ARCH_SUPPORTED
+  extern __shared__ float rows[];
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const CacheDims& d = p.layout.dims();
+  const int64_t items = p.args.rows.tokens * 2 * d.heads;
+  for (int64_t item = int64_t(blockIdx.x) * kRowWarps + warp; item < items; item += int64_t(gridDim.x) * kRowWarps)
+    store_row<kType>(p, rows + warp * d.head_dim, item, lane);
+#else
+  __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
+#endif
+}
+
 }  // namespace
 
 cudaError_t launch_store(const StoreParams& p, cudaStream_t stream) {
   if (p.args.rows.tokens == 0) return cudaSuccess;
   const CacheDims& d = p.layout.dims();
+  if (!p.format.plain()) {
+    const int64_t items = p.args.rows.tokens * 2 * d.heads;
+    const unsigned blocks = unsigned(std::min<int64_t>((items + kRowWarps - 1) / kRowWarps, int64_t(1) << 20));
+    const size_t smem = size_t(kRowWarps) * size_t(d.head_dim) * sizeof(float);
+    return NVFP4KV_DISPATCH_HALF_TYPE(p.args.type, kType, [&] {
+      store_rows_kernel<kType><<<blocks, kRowWarps * 32, smem, stream>>>(p);
+      return cudaGetLastError();
+    });
+  }
+  StoreParams plain = p;
+  plain.args.rule = p.format.k.rule;  // the format's rule, or the call's where the layout has none
   const dim3 block = token_block(d, kMaxThreads);
-  const int64_t token_ctas = (p.args.rows.tokens + block.z - 1) / block.z;
+  const int64_t token_ctas = (plain.args.rows.tokens + block.z - 1) / block.z;
   // Small batches (decode steps) split the heads over more CTAs: aim for about
   // 1024 CTAs, enough to fill any current GPU.
   const int64_t slices = std::min<int64_t>(d.heads, std::max<int64_t>(1, (1024 + token_ctas - 1) / token_ctas));
   const dim3 grid{unsigned(token_ctas), unsigned(slices)};
-  return NVFP4KV_DISPATCH_HALF_TYPE(p.args.type, kType, [&] {
-    return NVFP4KV_DISPATCH_SCALE_RULE(p.args.rule, kRule, [&] {
+  return NVFP4KV_DISPATCH_HALF_TYPE(plain.args.type, kType, [&] {
+    return NVFP4KV_DISPATCH_SCALE_RULE(plain.args.rule, kRule, [&] {
       return NVFP4KV_DISPATCH_HEAD_DIM(d.head_dim, kHeadDim, [&] {
-        store_kernel<kType, kRule, kHeadDim><<<grid, block, 0, stream>>>(p);
+        store_kernel<kType, kRule, kHeadDim><<<grid, block, 0, stream>>>(plain);
         return cudaGetLastError();
       });
     });

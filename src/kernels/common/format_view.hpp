@@ -1,0 +1,38 @@
+#pragma once
+// One layer of a cache format as the kernels read it (core/cache_format.hpp): per side the
+// element format, the scale rule, the rotation's block size and, for K, the smoothing rows.
+// The API builds it from the validated layout's format (api/launch_checks.hpp,
+// layer_format_view), so the writer and every reader take their transforms from the same
+// object; only mu travels separately, as a device copy of the format's own values.
+#include <cstdint>
+
+#include "nvfp4kv/core/cache_format.hpp"
+#include "nvfp4kv/core/layout_view.hpp"
+
+namespace nvfp4kv::kernels {
+
+struct SideFormatView {
+  ElementFormat element = ElementFormat::kNvfp4;
+  ScaleRule rule = ScaleRule::kStandard;
+  int32_t rotation = 0;         // block size of the block-diagonal Hadamard rotation; 0: none
+  const float* mean = nullptr;  // K smoothing: this layer's (kv heads x D) rows in device memory, or null
+
+  NVFP4KV_HD bool transformed() const { return rotation > 0 || mean != nullptr; }
+  NVFP4KV_HD const float* mean_row(int64_t head, int64_t head_dim) const {
+    return mean ? mean + head * head_dim : nullptr;
+  }
+};
+
+struct LayerFormatView {
+  SideFormatView k, v;
+
+  NVFP4KV_HD const SideFormatView& side(Side s) const { return s == Side::kK ? k : v; }
+  NVFP4KV_HD bool holds_fp8() const {
+    return k.element == ElementFormat::kFp8E4M3 || v.element == ElementFormat::kFp8E4M3;
+  }
+  NVFP4KV_HD bool transformed() const { return k.transformed() || v.transformed(); }
+  // Plain NVFP4 on both sides under one scale rule: what the vectorized store takes.
+  NVFP4KV_HD bool plain() const { return !holds_fp8() && !transformed() && k.rule == v.rule; }
+};
+
+}  // namespace nvfp4kv::kernels
