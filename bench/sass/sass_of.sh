@@ -4,7 +4,7 @@
 # and nvidia-cuda-nvdisasm when the toolkit lacks them), then lists its loops
 # (sass_loops.py). Registers and spills come from ptxas.
 # Usage: bench/sass/sass_of.sh [SOURCE (default src/kernels/decode/decode_d128.cu)] [FUNCTION_SUBSTRING] [--copies] [--body HEX]
-# Example: bench/sass/sass_of.sh src/kernels/decode/decode_d128.cu 'decode_kernelILi128ELi8ELNS_11ElementTypeE1ELb0ELb0ENS0_9attention9Nvfp4Fp16E'
+# Example (the plain bf16 instance, no soft-cap, decode route, no format steps): bench/sass/sass_of.sh src/kernels/decode/decode_d128.cu 'decode_kernelILi128ELi8ELNS_11ElementTypeE1ELb0ELb0ELb0ENS0_9attention9Nvfp4Fp16E'
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 src=${1:-src/kernels/decode/decode_d128.cu}

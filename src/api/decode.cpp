@@ -21,7 +21,9 @@ Result prepare(const ValidLayout& layout, const DecodeArgs& a, kernels::DecodePa
   if (std::string why = kernels::device_arch_problem(); !why.empty())  // cached per device
     return {Status::kUnsupported, std::string(who) + ": " + why};
   p.args = a;
-  p.smooths_k = layout.format().has_k_mean();
+  // (The layer's view comes from the same format, so the second term only makes sure that no
+  // instance without the steps ever reads a layer that has them.)
+  p.format_steps = layout.format().transforms() || p.format.transformed();
   std::string unsupported;
   if (Result r = api::from_cuda(kernels::plan_decode_geometry(p, &unsupported), who); !r.ok()) return r;
   if (!unsupported.empty()) return {Status::kUnsupported, std::string(who) + ": " + unsupported};

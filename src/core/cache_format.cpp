@@ -125,6 +125,13 @@ bool CacheFormat::plain_nvfp4(int64_t l) const {
   return true;
 }
 
+bool CacheFormat::transforms() const {
+  if (has_k_mean()) return true;
+  for (const LayerFormat& f : layers)
+    if (f.k.rotation != kNoRotation || f.v.rotation != kNoRotation) return true;
+  return false;
+}
+
 int64_t rotation_block(int64_t rotation, int64_t head_dim) {
   if (rotation != kRotateWholeHead) return rotation;
   int64_t b = 1;

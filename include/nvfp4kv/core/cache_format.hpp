@@ -59,6 +59,9 @@ struct CacheFormat {
   const float* k_mean_row(const CacheDims& d, int64_t layer, int64_t head) const;
   // Plain NVFP4 in this layer: no FP8, no rotation, no mu (either rule).
   bool plain_nvfp4(int64_t layer) const;
+  // Some layer rotates K or V, or K is smoothed: attention needs its query and output
+  // steps (the GPU kernels compile them only into the instances that take them).
+  bool transforms() const;
 };
 inline bool operator==(const CacheFormat& a, const CacheFormat& b) { return a.layers == b.layers && a.k_mean == b.k_mean; }
 

@@ -21,9 +21,9 @@ cudaError_t plan_decode_geometry(DecodeParams& p, std::string* unsupported) {
   if (e != cudaSuccess) return e;
   const int64_t n = p.layout.dims().tokens_per_page;
   DecodeKernelFacts kernel;
-  kernel.smem_bytes = [n, smooths_k = p.smooths_k](const DecodeGeometry& geo) {
+  kernel.smem_bytes = [n, steps = p.format_steps](const DecodeGeometry& geo) {
     size_t bytes = 0;
-    NVFP4KV_DISPATCH_ATTENTION_HEAD_DIM(geo.head_dim, kD, [&] { bytes = carve<kD>(nullptr, geo, n, nullptr, smooths_k); });
+    NVFP4KV_DISPATCH_ATTENTION_HEAD_DIM(geo.head_dim, kD, [&] { bytes = carve<kD>(nullptr, geo, n, nullptr, steps); });
     return int(bytes + 128);  // slack kept from the first design (the dynamic base is 128-byte aligned already)
   };
   kernel.blocks_per_sm = [&](const DecodeGeometry& geo) {

@@ -98,8 +98,11 @@ struct StageMask {
 
 // kShort: the short-query route, a block's rows (query token, head) pairs with a
 // causal limit per token (core/decode_plan.hpp, short_query_fits); else one query
-// token per sequence, the rows its group's heads.
-template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, class Format_>
+// token per sequence, the rows its group's heads. kSteps: the layer's format rotates
+// or smooths (common/format_view.hpp), so the query and output steps are compiled in;
+// without it the instance has no instruction for them (an option that is off costs
+// nothing: with the steps in every instance, plain caches ran 1-7 % slower, runs 64-66).
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Format_>
 struct DecodeBlock {
   using Format = Format_;  // the dequantize part for the layout's code order (attention/dequant.cuh)
   using Logits = attention::Logits<kSoftcap>;
@@ -313,14 +316,20 @@ struct DecodeBlock {
       const uint16_t* q = r < rows ? static_cast<const uint16_t*>(a.q) + (q_row0 + r / group) * token_stride +
                                          (th.kv_head * group + r % group) * d.head_dim
                                    : nullptr;
-      // The format's query step: K's rotation applied to the row, q . mu for K's smoothing.
-      const attention::QueryTransform t{p.format.k.rotation, p.format.k.mean_row(th.kv_head, d.head_dim)};
-      float q_mu = 0;
-      const float scale = attention::prescale_query_row<kD, kType, Format>(q, d.head_dim, th.lane, s.q + r * kD,
-                                                                            a.softmax_scale * k_global_scale, t, &q_mu);
-      if (th.lane == 0) {
-        s.row_scale[r] = scale;
-        if (s.row_bias) s.row_bias[r] = a.softmax_scale * q_mu * attention::kLog2e;
+      if constexpr (kSteps) {
+        // The format's query step: K's rotation applied to the row, q . mu for K's smoothing.
+        const attention::QueryTransform t{p.format.k.rotation, p.format.k.mean_row(th.kv_head, d.head_dim)};
+        float q_mu = 0;
+        const float scale = attention::prescale_query_row<kD, kType, Format>(q, d.head_dim, th.lane, s.q + r * kD,
+                                                                              a.softmax_scale * k_global_scale, t, &q_mu);
+        if (th.lane == 0) {
+          s.row_scale[r] = scale;
+          s.row_bias[r] = a.softmax_scale * q_mu * attention::kLog2e;
+        }
+      } else {
+        const float scale = attention::prescale_query_row<kD, kType, Format>(q, d.head_dim, th.lane, s.q + r * kD,
+                                                                              a.softmax_scale * k_global_scale);
+        if (th.lane == 0) s.row_scale[r] = scale;
       }
     }
   }
@@ -534,8 +543,8 @@ struct DecodeBlock {
           // per tile: as two more lane registers the soft-cap instances spilled); without a
           // soft-cap it is a shift of the row, added once when the row is finished.
           float y;
-          if constexpr (kSoftcap)
-            y = logits(fmaf(sacc[i][nt][k], ln.rs[nt][k & 1], s.row_bias ? s.row_bias[8 * nt + 2 * ln.c + (k & 1)] : 0.0f));
+          if constexpr (kSoftcap && kSteps)
+            y = logits(fmaf(sacc[i][nt][k], ln.rs[nt][k & 1], s.row_bias[8 * nt + 2 * ln.c + (k & 1)]));
           else y = logits(sacc[i][nt][k] * ln.rs[nt][k & 1]);
           bool v = k < 2 ? v0 : v1;
           if constexpr (kShort)  // row 8 nt + 2c + (k & 1), token g or g + 8 of the tile
@@ -622,17 +631,17 @@ __device__ void poison_rows(const DecodeParams& p, const DecodeThread& th, int64
   }
 }
 
-template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, class Format>
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Format>
 __device__ void decode_device(const DecodeParams& p, char* smem_raw, const DecodeThread& th) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Block = DecodeBlock<kD, kGroupRows, kType, kSoftcap, kShort, Format>;
+  using Block = DecodeBlock<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Format>;
   constexpr int kNT = Block::kNT, kMTiles = Block::kMTiles, kE = Block::kE;
   const DecodeGeometry& g = p.geometry;
   const DecodeArgs& a = p.args;
   const CacheDims& d = p.layout.dims();
   const int64_t n = d.tokens_per_page;
   Smem s;
-  carve<kD>(smem_raw, g, n, &s, p.smooths_k);
+  carve<kD>(smem_raw, g, n, &s, kSteps);
   // The block's span of its sequence.
   const SequenceLength len = sequence_length(a.batch, th.seq, n);
   // The sequence's query tokens: one (decode), or q_len rows from cu_q (short-query
@@ -834,7 +843,7 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   // may be taken back before the merge): each (row, column) combined into warp 0's
   // slice in place (one thread reads and writes each element), then the rows' butterflies
   // by the whole block (common/row_transforms.cuh's order, in float32).
-  const int v_rotation = p.format.v.rotation;
+  const int v_rotation = kSteps ? p.format.v.rotation : 0;
   if (v_rotation > 0) {
     for (int idx = th.tid; idx < block.rows * d.head_dim; idx += kThreads) {
       const int row = idx / int(d.head_dim), col = idx % int(d.head_dim);
@@ -854,8 +863,8 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
     if (v_rotation > 0) o = co[row * kD + col] * rotation_norm;
     // K smoothing's q . mu: a shift of every logit of the row (no soft-cap; under one it
     // joined each logit), so of the row's maximum.
-    if constexpr (!kSoftcap)
-      if (s.row_bias && mx != kNegInf) mx += s.row_bias[row];
+    if constexpr (!kSoftcap && kSteps)
+      if (mx != kNegInf) mx += s.row_bias[row];
     const int64_t head = th.kv_head * group + row % group, q_row = q_row0 + row / group;
     if (g.splits == 1) {
       const attention::RowTotal t = attention::finish_row(mx, l, attention::sink_logit2(a.sinks, head));
@@ -915,21 +924,21 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
 // The registers by __launch_bounds__: 96 for two blocks of 9 warps per SM (registers
 // are allocated for warps in pairs, so 112 with __maxnreg__ left one block per SM
 // and 220 at D 256 / group 16 could not launch: run 32).
-template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, class Format>
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Format>
 __global__ void __launch_bounds__(kThreads, decode_blocks_per_sm(kD, kGroupRows)) decode_kernel(const __grid_constant__ DecodeParams p) {
 #if NVFP4KV_KERNEL_ARCH_SUPPORTED
   extern __shared__ __align__(128) char smem[];
   const DecodeThread th{int(threadIdx.x), int(threadIdx.x) / 32, int(threadIdx.x) % 32, int64_t(blockIdx.x),
                         int64_t(blockIdx.y), int64_t(blockIdx.z)};
-  decode_device<kD, kGroupRows, kType, kSoftcap, kShort, Format>(p, smem, th);
+  decode_device<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Format>(p, smem, th);
 #else
   __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
 #endif
 }
 
-template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, class Format>
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Format>
 cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
-  const auto kernel = decode_kernel<kD, kGroupRows, kType, kSoftcap, kShort, Format>;
+  const auto kernel = decode_kernel<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Format>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, p.geometry.smem_bytes);
   if (e != cudaSuccess) return e;
   const dim3 grid{unsigned(p.geometry.splits), unsigned(p.layout.dims().heads), unsigned(p.args.batch.batch)};
@@ -942,22 +951,26 @@ cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
 // standard order and this one only.
 inline bool split_codes(const LayoutView& layout) { return layout.codes().is_fp16_split(); }
 
-// Runs op.run<kD, kGroupRows, kType, kSoftcap, kShort, Format>() for the call's rows
-// (decode_instance_rows), type, soft-cap, route and code order at head dim kD; the
-// short-query route has instances of 16 rows only.
+// Runs op.run<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Format>() for the call's rows
+// (decode_instance_rows), type, soft-cap, route, format steps (p.format_steps, the layout's
+// format as the planner saw it) and code order at head dim kD; the short-query route has
+// instances of 16 rows only.
 template <int kD, typename Op>
 cudaError_t dispatch_dim(const DecodeParams& p, const Op& op) {
   const bool split = split_codes(p.layout);
   return NVFP4KV_DISPATCH_HALF_TYPE(p.args.q_type, kType, [&] {
     return NVFP4KV_DISPATCH_SOFTCAP(p.args.softcap > 0, kSoftcap, [&] {
-      const auto with = [&](auto format) {
+      const auto with = [&](auto format, auto steps) {
         using Format = decltype(format);
-        if (p.geometry.queries > 1) return op.template run<kD, 16, kType, kSoftcap, true, Format>();
+        constexpr bool kSteps = decltype(steps)::value;
+        if (p.geometry.queries > 1) return op.template run<kD, 16, kType, kSoftcap, true, kSteps, Format>();
         return NVFP4KV_DISPATCH_GROUP_ROWS(decode_instance_rows(p.geometry), kGroupRows, [&] {
-          return op.template run<kD, kGroupRows, kType, kSoftcap, false, Format>();
+          return op.template run<kD, kGroupRows, kType, kSoftcap, false, kSteps, Format>();
         });
       };
-      return split ? with(attention::Nvfp4Fp16Split{}) : with(attention::Nvfp4Fp16{});
+      if (p.format_steps)
+        return split ? with(attention::Nvfp4Fp16Split{}, std::true_type{}) : with(attention::Nvfp4Fp16{}, std::true_type{});
+      return split ? with(attention::Nvfp4Fp16Split{}, std::false_type{}) : with(attention::Nvfp4Fp16{}, std::false_type{});
     });
   });
 }
@@ -965,9 +978,9 @@ cudaError_t dispatch_dim(const DecodeParams& p, const Op& op) {
 struct LaunchOp {
   const DecodeParams& p;
   cudaStream_t stream;
-  template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, class Format>
+  template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Format>
   cudaError_t run() const {
-    return launch<kD, kGroupRows, kType, kSoftcap, kShort, Format>(p, stream);
+    return launch<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Format>(p, stream);
   }
 };
 
@@ -975,9 +988,9 @@ struct LaunchOp {
 struct OccupancyOp {
   const DecodeGeometry& g;
   int* per_sm;
-  template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, class Format>
+  template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Format>
   cudaError_t run() const {
-    const auto kernel = decode_kernel<kD, kGroupRows, kType, kSoftcap, kShort, Format>;
+    const auto kernel = decode_kernel<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Format>;
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g.smem_bytes);
     if (e != cudaSuccess) return e;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, kThreads, g.smem_bytes);

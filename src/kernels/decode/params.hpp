@@ -19,9 +19,12 @@ struct DecodeParams {
   DecodeArgs args;
   DecodeGeometry geometry;
   LayerFormatView format;  // the layer's format: its rotations and K smoothing (common/format_view.hpp)
-  // The layout's format smooths K: the kernel keeps q . mu per query row (16 floats of shared
-  // memory, carved only then, so that a plain cache plans the same stages as before).
-  bool smooths_k = false;
+  // The layout's format rotates or smooths in some layer (CacheFormat::transforms): the
+  // kernel instance with the query and output steps, and 16 floats of q . mu in shared
+  // memory. From the layout, not the layer, so that plan_decode (which has no layer) and
+  // the launch plan the same shared memory; a plain layer of such a cache runs the steps
+  // with rotation 0 and mu 0. Without it the instance has no instruction for them.
+  bool format_steps = false;
   // The short-query route (a mixed batch's runs of q length 2..16 / group): each
   // sequence's query rows cu_q[s] .. cu_q[s + 1] of args.q / out / lse, at most
   // max_q_len of them (which sizes geometry.rows); null with max_q_len 1: decode.

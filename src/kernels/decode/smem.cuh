@@ -30,7 +30,8 @@ struct Smem {
   __half* q;                          // (16, D) the query rows, prescaled
   float* row_scale;                   // (16) logit multiplier per query row
   float* row_bias;                    // (16) per query row: softmax_scale * q . mu * log2(e), K smoothing's
-                                      // logit term; null where the format smooths no K
+                                      // logit term (0 where the format smooths no K); carved only for
+                                      // the instances with the format's steps (DecodeParams::format_steps)
   uint2* qfrag;                       // (D / 16, 2, 32) the query's B fragments per k-step, n-tile and lane
   unsigned long long* page_ok;        // (stages) bit p: page slot p was loaded
   uint64_t* full;                     // (stages) the stage's copies have landed and page_ok is written

@@ -66,20 +66,21 @@ struct Smem {
   __half* q;          // (kRows, kStride) the rows' queries, prescaled (wgmma: swizzled panels, no padding)
   __half* ring;       // per stage: K then V, (kKvTile, kStride) each
   float* row_scale;   // (kRows) logit multiplier per row (base 2)
-  float* row_bias;    // (kRows) per row: softmax_scale * q . mu in base 2, K smoothing's logit term (0 without)
+  float* row_bias;    // (kRows) per row: softmax_scale * q . mu in base 2, K smoothing's logit term (0 without);
+                      // carved only with the format's steps (prefill_smem_bytes counts it always)
   int* flags;         // [0]: a bad page among the sequence's tokens
   uint64_t* full;     // per stage: the producers' stores are in it
   uint64_t* empty;    // per stage: the consumers are done with it
   __device__ __half* k(int slot) const { return ring + size_t(slot) * 2 * kKvTile * kStride; }
   __device__ __half* v(int slot) const { return k(slot) + kKvTile * kStride; }
-  __device__ static Smem carve(char* base, int stages) {
+  __device__ static Smem carve(char* base, int stages, bool row_bias) {
     base += (1024u - (shared_address(base) & 1023u)) & 1023u;
     Smem s;
     s.q = reinterpret_cast<__half*>(base);
     s.ring = s.q + kRows * kStride;
     s.row_scale = reinterpret_cast<float*>(s.ring + size_t(stages) * 2 * kKvTile * kStride);
-    s.row_bias = s.row_scale + kRows;
-    s.flags = reinterpret_cast<int*>(s.row_bias + kRows);
+    s.row_bias = row_bias ? s.row_scale + kRows : nullptr;
+    s.flags = reinterpret_cast<int*>(s.row_scale + (row_bias ? 2 : 1) * kRows);
     s.full = reinterpret_cast<uint64_t*>(s.flags + 4);
     s.empty = s.full + stages;
     return s;
@@ -254,7 +255,7 @@ __device__ __forceinline__ void store_tile(const PrefillParams& p, const Smem<kD
 }
 
 // The block's query rows, prescaled (attention/query.cuh), and their logit multipliers.
-template <int kD, ElementType kType>
+template <int kD, ElementType kType, bool kSteps>
 __device__ void load_query(const PrefillParams& p, const Smem<kD>& s, const Block& b, float k_global_scale) {
   const PrefillArgs& a = p.args;
   const int64_t dim = p.layout.dims().head_dim, group = p.geometry.group;
@@ -262,8 +263,9 @@ __device__ void load_query(const PrefillParams& p, const Smem<kD>& s, const Bloc
   for (int r = b.warp; r < kRows; r += kConsumerWarps) {
     const int64_t token = b.row0 + b.i0 + r / group, head = b.kv_head * group + r % group;
     const uint16_t* const row = r < b.rows ? static_cast<const uint16_t*>(a.q) + token * stride + head * dim : nullptr;
-    // The format's query step: K's rotation applied to the row, q . mu for K's smoothing.
-    const QueryTransform t{p.format.k.rotation, p.format.k.mean_row(b.kv_head, dim)};
+    // The format's query step: K's rotation applied to the row, q . mu for K's smoothing
+    // (none in the instances without the steps).
+    const QueryTransform t = kSteps ? QueryTransform{p.format.k.rotation, p.format.k.mean_row(b.kv_head, dim)} : QueryTransform{};
     float scale, q_mu = 0;
     if constexpr (kWgmmaTiles<kD>) {
       char* const q = reinterpret_cast<char*>(s.q);
@@ -274,7 +276,10 @@ __device__ void load_query(const PrefillParams& p, const Smem<kD>& s, const Bloc
       scale = prescale_query_row<kD, kType, Format>(row, dim, b.lane, s.q + r * Smem<kD>::kStride,
                                                     a.softmax_scale * k_global_scale, t, &q_mu);
     }
-    if (b.lane == 0) s.row_scale[r] = scale, s.row_bias[r] = a.softmax_scale * q_mu * kLog2e;
+    if (b.lane == 0) {
+      s.row_scale[r] = scale;
+      if constexpr (kSteps) s.row_bias[r] = a.softmax_scale * q_mu * kLog2e;
+    }
   }
 }
 
@@ -290,7 +295,7 @@ struct WarpState {
 // where kMask says the tile needs it, the rows' running max and sum moved on, acc left
 // holding the probabilities P (relative to the new max), and alpha the factor O takes
 // before P V is added (rescale_o).
-template <int kD, bool kSoftcap, bool kMask>
+template <int kD, bool kSoftcap, bool kSteps, bool kMask>
 __device__ __forceinline__ void softmax_scores(const PrefillParams& p, int c, int64_t kv0, const int64_t (&pos)[2],
                                                const float (&rs)[4], float (&acc)[kKvTile / 8][4], WarpState<kD>& st,
                                                float (&alpha)[2]) {
@@ -307,7 +312,7 @@ __device__ __forceinline__ void softmax_scores(const PrefillParams& p, int c, in
       // rs: the rows' multipliers, then their K smoothing terms, which join each logit before
       // a soft-cap (without one they shift the row, added when the row is finished).
       float x;
-      if constexpr (kSoftcap) x = logits(fmaf(acc[nt][k], rs[h], rs[2 + h]));
+      if constexpr (kSoftcap && kSteps) x = logits(fmaf(acc[nt][k], rs[h], rs[2 + h]));
       else x = logits(acc[nt][k] * rs[h]);
       if constexpr (kMask) {
         const int64_t t = kv0 + 8 * nt + 2 * c + (k & 1);
@@ -342,17 +347,17 @@ __device__ __forceinline__ void rescale_o(WarpState<kD>& st, const float (&alpha
     st.o[dn][2] *= alpha[1], st.o[dn][3] *= alpha[1];
   }
 }
-template <int kD, bool kSoftcap, bool kMask>
+template <int kD, bool kSoftcap, bool kSteps, bool kMask>
 __device__ __forceinline__ void softmax_tile(const PrefillParams& p, int c, int64_t kv0, const int64_t (&pos)[2],
                                              const float (&rs)[4], float (&acc)[kKvTile / 8][4], WarpState<kD>& st) {
   float alpha[2];
-  softmax_scores<kD, kSoftcap, kMask>(p, c, kv0, pos, rs, acc, st, alpha);
+  softmax_scores<kD, kSoftcap, kSteps, kMask>(p, c, kv0, pos, rs, acc, st, alpha);
   rescale_o(st, alpha);
 }
 
 // The tile at kv0 for this warp's rows (mma.sync). kMask: some token of the tile is
 // outside some row's [window start, position] (else every logit counts, and none is compared).
-template <int kD, bool kSoftcap, bool kMask>
+template <int kD, bool kSoftcap, bool kSteps, bool kMask>
 __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, int slot, const Block& b, int64_t kv0,
                           const int64_t (&pos)[2], const float (&rs)[4], WarpState<kD>& st) {
   constexpr int kStride = Smem<kD>::kStride;
@@ -378,7 +383,7 @@ __device__ void take_tile(const PrefillParams& p, const Smem<kD>& s, int slot, c
       mma_16816(acc[2 * np + 1], a[0], a[1], a[2], a[3], kb[2], kb[3]);
     }
   }
-  softmax_tile<kD, kSoftcap, kMask>(p, c, kv0, pos, rs, acc, st);
+  softmax_tile<kD, kSoftcap, kSteps, kMask>(p, c, kv0, pos, rs, acc, st);
   // O += P V: P's A fragments are the S accumulators of n-tiles 2kk and 2kk + 1; V's
   // matrices (transposed): tokens 0-7 / 8-15 (mi & 1) by columns 8 (2 dp + (mi >> 1)).
   const __half* const vrow = s.v(slot) + (8 * (mi & 1) + l8) * kStride + 8 * (mi >> 1);
@@ -433,7 +438,7 @@ __device__ __forceinline__ void pack_p(const float (&acc)[kKvTile / 8][4], uint3
 // One step of the pipelined consumer loop: tile j's scores (stage `slot`) and the previous
 // tile's P V (stage `pv_slot`, P in pa) issued together, tile j's softmax while P V runs,
 // then O rescaled and tile j's P packed into pa. Straight-line between issue and wait.
-template <int kD, bool kSoftcap, bool kMask>
+template <int kD, bool kSoftcap, bool kSteps, bool kMask>
 __device__ __forceinline__ void pipelined_step(const PrefillParams& p, const Smem<kD>& s, int wg, int c, int slot,
                                                int pv_slot, int64_t kv0, const int64_t (&pos)[2], const float (&rs)[4],
                                                float (&acc)[kKvTile / 8][4], uint32_t (&pa)[kKvTile / 16][4],
@@ -444,7 +449,7 @@ __device__ __forceinline__ void pipelined_step(const PrefillParams& p, const Sme
   wgmma_wait<1>();  // the scores; P V may still run
   fence_accumulators(acc);
   float alpha[2];
-  softmax_scores<kD, kSoftcap, kMask>(p, c, kv0, pos, rs, acc, st, alpha);
+  softmax_scores<kD, kSoftcap, kSteps, kMask>(p, c, kv0, pos, rs, acc, st, alpha);
   wgmma_wait<0>();
   fence_accumulators(st.o);
   rescale_o(st, alpha);
@@ -455,7 +460,7 @@ __device__ __forceinline__ void pipelined_step(const PrefillParams& p, const Sme
 // ring of one stage): S = Q K^T, this warp's softmax (masked where the warpgroup's `mask`
 // says: every warp of it must issue the same wgmma), then O += P V. Every warp of the
 // warpgroup calls it for the same tile.
-template <int kD, bool kSoftcap>
+template <int kD, bool kSoftcap, bool kSteps>
 __device__ void take_tile_wgmma(const PrefillParams& p, const Smem<kD>& s, int slot, int wg, int c, int64_t kv0,
                                 const int64_t (&pos)[2], const float (&rs)[4], bool mask, WarpState<kD>& st) {
   float acc[kKvTile / 8][4];
@@ -465,9 +470,9 @@ __device__ void take_tile_wgmma(const PrefillParams& p, const Smem<kD>& s, int s
   wgmma_wait<0>();
   fence_accumulators(acc);
   if (mask)
-    softmax_tile<kD, kSoftcap, true>(p, c, kv0, pos, rs, acc, st);
+    softmax_tile<kD, kSoftcap, kSteps, true>(p, c, kv0, pos, rs, acc, st);
   else
-    softmax_tile<kD, kSoftcap, false>(p, c, kv0, pos, rs, acc, st);
+    softmax_tile<kD, kSoftcap, kSteps, false>(p, c, kv0, pos, rs, acc, st);
   pack_p(acc, pa);
   wgmma_fence();
   issue_pv<kD>(s, slot, pa, st);
@@ -613,12 +618,15 @@ __device__ __noinline__ OTile<kD> unrotated(OTile<kD> t, int n_rot, int c) {
   return t;
 }
 
-template <int kD, ElementType kType, bool kSoftcap>
+// kSteps: the layer's format rotates or smooths (common/format_view.hpp): the query and output
+// steps are compiled in; without it the instance has no instruction for them (in every
+// instance, they cost plain caches up to 7 % at D 128, runs 64-66).
+template <int kD, ElementType kType, bool kSoftcap, bool kSteps>
 __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) {
   const PrefillArgs& a = p.args;
   const CacheDims& d = p.layout.dims();
   const int64_t n = d.tokens_per_page, group = p.geometry.group, dim = d.head_dim;
-  const Smem<kD> s = Smem<kD>::carve(smem_raw, p.geometry.stages);
+  const Smem<kD> s = Smem<kD>::carve(smem_raw, p.geometry.stages, kSteps);
   const SequenceLength len = sequence_length(a.batch, b.seq, n);
   b.q_len = a.raw_q_length(b.seq);
   b.kv_len = len.tokens;
@@ -693,7 +701,7 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
     return;
   }
   warpgroup_take_registers<kConsumerRegs<kD>>();
-  load_query<kD, kType>(p, s, b, kgs);
+  load_query<kD, kType, kSteps>(p, s, b, kgs);
   if constexpr (kWgmmaTiles<kD>) fence_shared_to_async();  // Q, read by wgmma
   sync_threads(0, kThreads);  // every row's query and multiplier in place; the ring's barriers initialized
 
@@ -709,7 +717,7 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
     rs[h] = s.row_scale[r];
     // Only a soft-cap needs the term per logit; without one it is read when the row is
     // finished (held in registers through the tile loop, it cost 8 % at 1 x 8K, D 128, H100).
-    rs[2 + h] = kSoftcap ? s.row_bias[r] : 0.0f;
+    rs[2 + h] = kSoftcap && kSteps ? s.row_bias[r] : 0.0f;
   }
   // The warp's rows see tokens [its first row's window start, its last row's position];
   // a tile inside [the last row's window start, the first row's position] needs no mask.
@@ -758,9 +766,9 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
           // instruction addresses, run 61).
           const bool unmasked = __shfl_sync(0xFFFFFFFFu, kv0 >= wg_unmasked_from && kv0 + kKvTile - 1 <= wg_first_pos, 0);
           if (unmasked)
-            pipelined_step<kD, kSoftcap, false>(p, s, wg, c, slot, j > 0 ? prev : slot, kv0, pos, rs, acc, pa, st);
+            pipelined_step<kD, kSoftcap, kSteps, false>(p, s, wg, c, slot, j > 0 ? prev : slot, kv0, pos, rs, acc, pa, st);
           else
-            pipelined_step<kD, kSoftcap, true>(p, s, wg, c, slot, j > 0 ? prev : slot, kv0, pos, rs, acc, pa, st);
+            pipelined_step<kD, kSoftcap, kSteps, true>(p, s, wg, c, slot, j > 0 ? prev : slot, kv0, pos, rs, acc, pa, st);
           if (j > 0) barrier_arrive(&s.empty[prev]);
           if (j == wg_tiles - 1) {  // the warpgroup's last tile: its P V now
             wgmma_fence();
@@ -786,21 +794,21 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
 #if NVFP4KV_HAS_WGMMA
       // A warp whose rows see none of the tile takes the masked path: its rows stay as they were.
       if (wg_live && kv0 <= wg_last_pos)
-        take_tile_wgmma<kD, kSoftcap>(p, s, slot, wg, c, kv0, pos, rs,
+        take_tile_wgmma<kD, kSoftcap, kSteps>(p, s, slot, wg, c, kv0, pos, rs,
                                       !(kv0 >= wg_unmasked_from && kv0 + kKvTile - 1 <= wg_first_pos), st);
 #endif
     } else if (warp_live && kv0 <= warp_last_pos) {
       if (unmasked)
-        take_tile<kD, kSoftcap, false>(p, s, slot, b, kv0, pos, rs, st);
+        take_tile<kD, kSoftcap, kSteps, false>(p, s, slot, b, kv0, pos, rs, st);
       else
-        take_tile<kD, kSoftcap, true>(p, s, slot, b, kv0, pos, rs, st);
+        take_tile<kD, kSoftcap, kSteps, true>(p, s, slot, b, kv0, pos, rs, st);
     }
     barrier_arrive(&s.empty[slot]);
     if (++slot == stages) slot = 0, phase ^= 1;
   }
 
   // V's rotation undone on O, once per row.
-  if (const int n_rot = p.format.v.rotation; n_rot > 0) {
+  if (const int n_rot = kSteps ? p.format.v.rotation : 0; n_rot > 0) {
     OTile<kD> t;
 #pragma unroll
     for (int dn = 0; dn < kD / 8; ++dn)
@@ -823,7 +831,7 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
     const int64_t row = b.row0 + b.i0 + r / group, head = b.kv_head * group + r % group;
     // K smoothing's q . mu: without a soft-cap a shift of the row's logits, so of its maximum.
     float mx = st.m[h];
-    if constexpr (!kSoftcap)
+    if constexpr (!kSoftcap && kSteps)
       if (mx != kNegInf) mx += s.row_bias[r];
     const RowTotal t = finish_row(mx, l, sink_logit2(a.sinks, head));
     const float f = t.total > 0 ? t.factor / t.total * out_scale : 0.0f;
@@ -839,7 +847,7 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   }
 }
 
-template <int kD, ElementType kType, bool kSoftcap>
+template <int kD, ElementType kType, bool kSoftcap, bool kSteps>
 __global__ void __launch_bounds__(kThreads, 1) prefill_kernel(const __grid_constant__ PrefillParams p) {
 #if NVFP4KV_KERNEL_ARCH_SUPPORTED
   extern __shared__ __align__(128) char smem[];
@@ -848,7 +856,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_kernel(const __grid_const
   // The tiles of a (sequence, kv head) in reverse: the last query tokens see the most
   // kv tokens, so the longest blocks start first and the short ones fill the tail.
   b.tile = int64_t(gridDim.x) - 1 - blockIdx.x, b.kv_head = blockIdx.y, b.seq = blockIdx.z;
-  prefill_device<kD, kType, kSoftcap>(p, smem, b);
+  prefill_device<kD, kType, kSoftcap, kSteps>(p, smem, b);
 #else
   __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
 #endif
@@ -871,7 +879,9 @@ cudaError_t launch_prefill(const PrefillParams& p, cudaStream_t stream) {
   return NVFP4KV_DISPATCH_HALF_TYPE(p.args.q_type, kType, [&] {
     return NVFP4KV_DISPATCH_SOFTCAP(p.args.softcap > 0, kSoftcap, [&] {
       return NVFP4KV_DISPATCH_ATTENTION_HEAD_DIM(p.geometry.head_dim, kD, [&] {
-        const auto kernel = prefill_kernel<kD, kType, kSoftcap>;
+        // The layer's own format picks the steps (the shared memory is planned with q . mu either way).
+        const auto kernel = p.format.transformed() ? prefill_kernel<kD, kType, kSoftcap, true>
+                                                   : prefill_kernel<kD, kType, kSoftcap, false>;
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, p.geometry.smem_bytes);
         if (e != cudaSuccess) return e;
         const dim3 grid{unsigned(p.geometry.q_tiles), unsigned(p.layout.dims().heads), unsigned(p.args.batch.batch)};
