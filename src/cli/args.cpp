@@ -44,7 +44,11 @@ std::string help_text(const CommandSpec& spec) {
     width = std::max(width, std::string(o.name).size() + (o.value ? std::string(o.value).size() + 1 : 0));
   for (const OptionSpec& o : spec.options) {
     std::string left = std::string("--") + o.name + (o.value ? std::string(" ") + o.value : "");
-    s << "  " << left << std::string(width + 4 - left.size() + 2, ' ') << o.help << (o.repeat ? " (repeatable)" : "") << "\n";
+    // A help text of several lines continues under its first.
+    std::string help = o.help;
+    for (size_t at = help.find('\n'); at != std::string::npos; at = help.find('\n', at + 1))
+      help.insert(at + 1, std::string(width + 8, ' '));
+    s << "  " << left << std::string(width + 4 - left.size() + 2, ' ') << help << (o.repeat ? " (repeatable)" : "") << "\n";
   }
   s << "  --help" << std::string(width > 2 ? width - 2 : 1, ' ') << "  this help\n";
   if (!spec.notes.empty()) s << "\n" << spec.notes << (spec.notes.back() == '\n' ? "" : "\n");

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "nvfp4kv/harness/workload.hpp"
 #if defined(NVFP4KV_HAVE_CUDA)
 #include "nvfp4kv/api/kv_cache.hpp"
 #include "nvfp4kv/harness/decode_bench.hpp"
@@ -36,6 +37,29 @@ std::vector<int64_t> integer_list(const Args& a, const std::string& name, int64_
   return out;
 }
 
+// --transform's list, each checked (harness::transform_format says what is wrong).
+std::vector<std::string> transform_list(const Args& a) {
+  const auto text = a.get("transform");
+  if (!text) return {"plain"};
+  std::vector<std::string> out;
+  std::stringstream s(*text);
+  std::string item;
+  while (std::getline(s, item, ',')) {
+    try {
+      (void)harness::transform_format(item, 1, 16, 0);
+    } catch (const ArgumentError& e) {
+      throw UsageError(std::string("--transform: ") + e.what());
+    }
+    out.push_back(item);
+  }
+  if (out.empty()) throw UsageError("--transform expects plain or transforms joined by '+', separated by commas");
+  return out;
+}
+
+constexpr const char* kTransformHelp =
+    "the cache's transforms (default plain), each one timed as its own cache: plain, or any of rotate-k,\n"
+    "rotate-v (Hadamard rotations of the whole head), smooth-k (a K mean subtracted) joined by '+'";
+
 
 const CommandSpec& bench_spec() {
   static const CommandSpec s{
@@ -49,6 +73,7 @@ const CommandSpec& bench_spec() {
        {"head-dim", "D,...", "head dim (default 128)"},
        {"tokens-per-page", "N", "tokens per page (default 16)"},
        {"layout", "LAYOUT", "the cache layout (default nvfp4kv-native)"},
+       {"transform", "T,...", kTransformHelp},
        {"max-gib", "G", "skip shapes whose cache needs more (default 40)"},
        {"fp16", nullptr, "fp16 queries and output instead of bf16"},
        {"json", nullptr, "one JSON object per line: the ceiling, then each shape"}},
@@ -70,6 +95,7 @@ const CommandSpec& prefill_spec() {
        {"head-dim", "D,...", "head dim (default 128)"},
        {"tokens-per-page", "N", "tokens per page (default 16)"},
        {"layout", "LAYOUT", "the cache layout (default nvfp4kv-native)"},
+       {"transform", "T,...", kTransformHelp},
        {"fp16", nullptr, "fp16 queries and output instead of bf16"},
        {"mixed", nullptr,
         "through the mixed-batch call, which routes q length 1 to decode and q lengths up to 16 / group to the\n"
@@ -91,6 +117,7 @@ int run_bench_prefill(const std::vector<std::string>& argv) {
   const auto q_heads = integer_list(a, "q-heads", 32), kv_heads = integer_list(a, "kv-heads", 8);
   const auto dims = integer_list(a, "head-dim", 128);
   const int64_t page = a.integer("tokens-per-page").value_or(16);
+  const auto transforms = transform_list(a);
 #if defined(NVFP4KV_HAVE_CUDA)
   std::string why;
   if (!cuda_device_available(&why)) {
@@ -103,24 +130,25 @@ int run_bench_prefill(const std::vector<std::string>& argv) {
       for (int64_t dim : dims)
         for (int64_t b : batches)
           for (int64_t c : cached)
-            for (int64_t L : prompts) {
-              if (qh % h != 0) continue;
-              const harness::PrefillBenchResult r = harness::bench_prefill(
-                  {b, L, c, qh, h, dim, page, a.get("layout").value_or("nvfp4kv-native"),
-                   a.flag("fp16") ? ElementType::kFloat16 : ElementType::kBFloat16, a.flag("mixed")});
-              if (json)
-                std::cout << "{\"batch\": " << b << ", \"prompt\": " << L << ", \"cached\": " << c
-                          << ", \"q_heads\": " << qh << ", \"kv_heads\": " << h << ", \"head_dim\": " << dim
-                          << ", \"route\": \"" << (a.flag("mixed") ? "mixed" : "prefill") << "\", \"ms\": " << r.ms
-                          << ", \"tflops\": " << r.tflops << "}" << std::endl;
-              else
-                std::cout << "batch " << b << " prompt " << L << " cached " << c << " heads " << qh << "/" << h
-                          << " D " << dim << (a.flag("mixed") ? " (mixed)" : "") << ": " << r.ms << " ms, " << r.tflops
-                          << " TFLOP/s" << std::endl;
-            }
+            for (int64_t L : prompts)
+              for (const std::string& t : transforms) {
+                if (qh % h != 0) continue;
+                const harness::PrefillBenchResult r = harness::bench_prefill(
+                    {b, L, c, qh, h, dim, page, a.get("layout").value_or("nvfp4kv-native"),
+                     a.flag("fp16") ? ElementType::kFloat16 : ElementType::kBFloat16, a.flag("mixed"), t});
+                if (json)
+                  std::cout << "{\"batch\": " << b << ", \"prompt\": " << L << ", \"cached\": " << c
+                            << ", \"q_heads\": " << qh << ", \"kv_heads\": " << h << ", \"head_dim\": " << dim
+                            << ", \"route\": \"" << (a.flag("mixed") ? "mixed" : "prefill") << "\", \"transform\": \"" << t
+                            << "\", \"ms\": " << r.ms << ", \"tflops\": " << r.tflops << "}" << std::endl;
+                else
+                  std::cout << "batch " << b << " prompt " << L << " cached " << c << " heads " << qh << "/" << h
+                            << " D " << dim << (a.flag("mixed") ? " (mixed)" : "") << (t == "plain" ? "" : " " + t)
+                            << ": " << r.ms << " ms, " << r.tflops << " TFLOP/s" << std::endl;
+              }
   return 0;
 #else
-  (void)batches, (void)prompts, (void)cached, (void)q_heads, (void)kv_heads, (void)dims, (void)page;
+  (void)batches, (void)prompts, (void)cached, (void)q_heads, (void)kv_heads, (void)dims, (void)page, (void)transforms;
   std::cerr << "nvfp4kv bench: this nvfp4kv was built without CUDA (no nvcc at configure time), so there are no kernels to time\n";
   return kExitUnavailable;
 #endif
@@ -147,6 +175,7 @@ int run_bench(const std::vector<std::string>& argv) {
   const auto dims = integer_list(a, "head-dim", 128);
   const int64_t page = a.integer("tokens-per-page").value_or(16);
   const double max_bytes = double(a.integer("max-gib").value_or(40)) * double(int64_t(1) << 30);
+  const auto transforms = transform_list(a);
 #if defined(NVFP4KV_HAVE_CUDA)
   std::string why;
   if (!cuda_device_available(&why)) {
@@ -161,34 +190,36 @@ int run_bench(const std::vector<std::string>& argv) {
     for (int64_t qh : q_heads)
       for (int64_t dim : dims)
         for (int64_t b : batches)
-          for (int64_t ctx : contexts) {
-            if (qh % h != 0) continue;
-            harness::DecodeBenchShape shape{b, ctx, qh, h, dim, page, a.get("layout").value_or("nvfp4kv-native"),
-                                            a.flag("fp16") ? ElementType::kFloat16 : ElementType::kBFloat16};
-            const double bytes = double(b) * ctx * h * 2 * (dim / 2 + dim / 16);
-            if (bytes > max_bytes) {
-              std::cerr << "skipped: batch " << b << " x context " << ctx << " needs " << bytes / 1e9
-                        << " GB of cache, above --max-gib\n";
-              continue;
+          for (int64_t ctx : contexts)
+            for (const std::string& t : transforms) {
+              if (qh % h != 0) continue;
+              harness::DecodeBenchShape shape{b, ctx, qh, h, dim, page, a.get("layout").value_or("nvfp4kv-native"),
+                                              a.flag("fp16") ? ElementType::kFloat16 : ElementType::kBFloat16, t};
+              const double bytes = double(b) * ctx * h * 2 * (dim / 2 + dim / 16);
+              if (bytes > max_bytes) {
+                std::cerr << "skipped: batch " << b << " x context " << ctx << " needs " << bytes / 1e9
+                          << " GB of cache, above --max-gib\n";
+                continue;
+              }
+              const harness::DecodeBenchResult r = harness::bench_decode(shape);
+              if (json)
+                std::cout << "{\"batch\": " << b << ", \"context\": " << ctx << ", \"q_heads\": " << qh
+                          << ", \"kv_heads\": " << h << ", \"head_dim\": " << dim << ", \"ms\": " << r.ms
+                          << ", \"cache_bytes\": " << r.cache_bytes << ", \"tbs\": " << r.tbs
+                          << ", \"of_ceiling\": " << r.tbs / ceiling << ", \"splits\": " << r.splits
+                          << ", \"dense\": " << (r.dense ? "true" : "false")
+                          << ", \"tensor_rows\": " << (r.tensor_rows ? "true" : "false") << ", \"checked_rel_l2\": " << r.checked_rel_l2
+                          << ", \"layout\": \"" << shape.layout << "\", \"transform\": \"" << t << "\"}" << std::endl;
+              else
+                std::cout << "batch " << b << " context " << ctx << " heads " << qh << "/" << h << " D " << dim
+                          << (t == "plain" ? "" : " " + t) << ": "
+                          << r.ms * 1e3 << " us, " << r.tbs << " TB/s (" << 100 * r.tbs / ceiling
+                          << " % of the read ceiling), " << r.splits << " splits, "
+                          << (r.dense ? "whole planes" : r.tensor_rows ? "rows by tensor copies" : "row by row") << std::endl;
             }
-            const harness::DecodeBenchResult r = harness::bench_decode(shape);
-            if (json)
-              std::cout << "{\"batch\": " << b << ", \"context\": " << ctx << ", \"q_heads\": " << qh
-                        << ", \"kv_heads\": " << h << ", \"head_dim\": " << dim << ", \"ms\": " << r.ms
-                        << ", \"cache_bytes\": " << r.cache_bytes << ", \"tbs\": " << r.tbs
-                        << ", \"of_ceiling\": " << r.tbs / ceiling << ", \"splits\": " << r.splits
-                        << ", \"dense\": " << (r.dense ? "true" : "false")
-                        << ", \"tensor_rows\": " << (r.tensor_rows ? "true" : "false") << ", \"checked_rel_l2\": " << r.checked_rel_l2
-                        << ", \"layout\": \"" << shape.layout << "\"}" << std::endl;
-            else
-              std::cout << "batch " << b << " context " << ctx << " heads " << qh << "/" << h << " D " << dim << ": "
-                        << r.ms * 1e3 << " us, " << r.tbs << " TB/s (" << 100 * r.tbs / ceiling
-                        << " % of the read ceiling), " << r.splits << " splits, "
-                        << (r.dense ? "whole planes" : r.tensor_rows ? "rows by tensor copies" : "row by row") << std::endl;
-          }
   return 0;
 #else
-  (void)batches, (void)contexts, (void)q_heads, (void)kv_heads, (void)dims, (void)page, (void)max_bytes;
+  (void)batches, (void)contexts, (void)q_heads, (void)kv_heads, (void)dims, (void)page, (void)max_bytes, (void)transforms;
   std::cerr << "nvfp4kv bench: this nvfp4kv was built without CUDA (no nvcc at configure time), so there are no kernels to time\n";
   return kExitUnavailable;
 #endif

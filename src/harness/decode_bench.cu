@@ -40,12 +40,21 @@ void require(const Result& r) {
   if (!r.ok()) throw Error(r.message);
 }
 
+// The format's mu where the kernels read it (DecodeArgs::k_mean); one float without smoothing.
+DeviceBuffer<float> k_mean_on_device(const ValidLayout& v) {
+  return DeviceBuffer<float>::from(v.format().has_k_mean() ? v.format().k_mean : std::vector<float>{0.0f});
+}
+
+ValidLayout shape_layout(const DecodeBenchShape& s, int64_t pages) {
+  return bench_layout(s.layout, s.transform, pages, s.tokens_per_page, s.kv_heads, s.head_dim);
+}
+
 // A small instance of the shape (same head dim, group, layout and type) against
 // the fp64 reference: what is timed is checked first.
 double check_small(const DecodeBenchShape& s) {
   const int64_t context = std::min<int64_t>(s.context, 1000), batch = 2;
   const int64_t entries = (context + s.tokens_per_page - 1) / s.tokens_per_page;
-  const ValidLayout v = validate(instantiate(load_spec(s.layout), {1, batch * entries, s.tokens_per_page, s.kv_heads, s.head_dim}));
+  const ValidLayout v = shape_layout(s, batch * entries);
   const auto host = random_cache(v, 0, 3);
   DeviceCache cache(v.layout(), 0);
   cache.upload(host);
@@ -71,6 +80,7 @@ double check_small(const DecodeBenchShape& s) {
   auto dt = DeviceBuffer<int32_t>::from(table);
   auto dl = DeviceBuffer<int32_t>::from(lengths);
   auto dgs = DeviceBuffer<float>::from({gs});
+  const auto dmean = k_mean_on_device(v);
   DeviceBuffer<uint16_t> out(q.size());
   out.fill_bytes(0xFF);
   DecodePlan plan;
@@ -81,6 +91,7 @@ double check_small(const DecodeBenchShape& s) {
   g.batch.block_table = dt.get();
   g.batch.seq_lens = dl.get();
   g.k_global_scale = g.v_global_scale = dgs.get();
+  if (v.format().has_k_mean()) g.k_mean = dmean.get();
   g.out = out.get();
   g.workspace = ws.get();
   g.workspace_bytes = ws.size();
@@ -115,6 +126,12 @@ double read_ceiling_tbs() {
   return double(bytes) / (ms * 1e-3) / 1e12;
 }
 
+ValidLayout bench_layout(const std::string& layout, const std::string& transform, int64_t pages,
+                         int64_t tokens_per_page, int64_t kv_heads, int64_t head_dim) {
+  const ValidLayout plain = validate(instantiate(load_spec(layout), {1, pages, tokens_per_page, kv_heads, head_dim}));
+  return with_format(plain, transform_format(transform, kv_heads, head_dim, 7));
+}
+
 DecodeBenchResult bench_decode(const DecodeBenchShape& s) {
   DecodeBenchResult r;
   r.shape = s;
@@ -126,7 +143,7 @@ DecodeBenchResult bench_decode(const DecodeBenchShape& s) {
   const int64_t pages = s.batch * entries;
   const double page_bytes = double(s.tokens_per_page) * s.kv_heads * 2 * (s.head_dim / 2 + s.head_dim / 16);
   const int64_t copies = std::max<int64_t>(1, std::min<int64_t>(16, int64_t(std::ceil(256e6 / (page_bytes * pages)))));
-  const ValidLayout v = validate(instantiate(load_spec(s.layout), {1, pages * copies, s.tokens_per_page, s.kv_heads, s.head_dim}));
+  const ValidLayout v = shape_layout(s, pages * copies);
   const Layout& l = v.layout();
   std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> buffers;
   CacheBuffers cb;
@@ -151,6 +168,7 @@ DecodeBenchResult bench_decode(const DecodeBenchShape& s) {
   auto q = DeviceBuffer<uint16_t>::from(hq);
   DeviceBuffer<uint16_t> out(hq.size());
   auto gs = DeviceBuffer<float>::from({0.01f, 0.01f});
+  const auto mean = k_mean_on_device(v);
   DecodePlan plan;
   require(plan_decode(v, s.batch, s.q_heads, entries, &plan));
   DeviceBuffer<uint8_t> ws(std::max<size_t>(plan.workspace_bytes, 256));
@@ -162,6 +180,7 @@ DecodeBenchResult bench_decode(const DecodeBenchShape& s) {
   a.softmax_scale = float(1.0 / std::sqrt(double(s.head_dim)));
   a.k_global_scale = gs.get();
   a.v_global_scale = gs.get() + 1;
+  if (v.format().has_k_mean()) a.k_mean = mean.get();
   a.out = out.get();
   a.workspace = ws.get();
   a.workspace_bytes = ws.size();

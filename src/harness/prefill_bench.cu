@@ -16,8 +16,7 @@ PrefillBenchResult bench_prefill(const PrefillBenchShape& s) {
   r.shape = s;
   const int64_t kv = s.cached + s.prompt;
   const int64_t entries = (kv + s.tokens_per_page - 1) / s.tokens_per_page;
-  const ValidLayout v =
-      validate(instantiate(load_spec(s.layout), {1, s.batch * entries, s.tokens_per_page, s.kv_heads, s.head_dim}));
+  const ValidLayout v = bench_layout(s.layout, s.transform, s.batch * entries, s.tokens_per_page, s.kv_heads, s.head_dim);
   std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> buffers;
   CacheBuffers cb;
   for (const Buffer& b : v.layout().buffers) {
@@ -36,6 +35,7 @@ PrefillBenchResult bench_prefill(const PrefillBenchShape& s) {
   DeviceBuffer<uint16_t> q(size_t(s.batch * s.prompt * s.q_heads * s.head_dim)), out(q.size());
   fill_random_device_bytes(q.get(), q.size() * 2, 41);  // finite halves: the top bits of each byte are masked
   auto gs = DeviceBuffer<float>::from({0.01f, 0.01f});
+  auto mean = DeviceBuffer<float>::from(v.format().has_k_mean() ? v.format().k_mean : std::vector<float>{0.0f});
   PrefillArgs a;
   a.q = q.get();
   a.q_type = s.type;
@@ -46,6 +46,7 @@ PrefillBenchResult bench_prefill(const PrefillBenchShape& s) {
   a.softmax_scale = float(1.0 / std::sqrt(double(s.head_dim)));
   a.k_global_scale = gs.get();
   a.v_global_scale = gs.get() + 1;
+  if (v.format().has_k_mean()) a.k_mean = mean.get();
   a.out = out.get();
   const std::vector<int32_t> q_lens(size_t(s.batch), int32_t(s.prompt));
   size_t workspace_bytes = 0;

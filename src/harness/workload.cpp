@@ -5,6 +5,8 @@
 #include <numeric>
 #include <random>
 
+#include "nvfp4kv/core/error.hpp"
+
 namespace nvfp4kv::harness {
 
 std::vector<uint16_t> Rows::dense(bool keys, int64_t row) const {
@@ -112,6 +114,41 @@ std::vector<std::vector<uint8_t>> random_cache(const ValidLayout& valid, int64_t
           }
   }
   return bytes;
+}
+
+CacheFormat random_format(int64_t kv_heads, int64_t head_dim, int64_t k_rotation, int64_t v_rotation, bool mean,
+                          uint64_t seed) {
+  CacheFormat f;
+  if (k_rotation != kNoRotation || v_rotation != kNoRotation) {
+    f.layers = {LayerFormat{}};
+    f.layers[0].k.rotation = k_rotation;
+    f.layers[0].v.rotation = v_rotation;
+  }
+  if (mean) {
+    std::mt19937 rng{uint32_t(seed)};
+    std::normal_distribution<float> n(0.0f, 2.0f);
+    f.k_mean.resize(size_t(kv_heads * head_dim));
+    for (float& m : f.k_mean) m = n(rng);
+  }
+  return f;
+}
+
+CacheFormat transform_format(const std::string& transforms, int64_t kv_heads, int64_t head_dim, uint64_t seed) {
+  bool rotate_k = false, rotate_v = false, smooth_k = false;
+  if (transforms != "plain")
+    for (size_t at = 0; at <= transforms.size();) {
+      const size_t end = std::min(transforms.find('+', at), transforms.size());
+      const std::string word = transforms.substr(at, end - at);
+      bool& flag = word == "rotate-k" ? rotate_k : word == "rotate-v" ? rotate_v : smooth_k;
+      if (word != "rotate-k" && word != "rotate-v" && word != "smooth-k")
+        throw ArgumentError("transform \"" + transforms + "\": \"" + word +
+                            "\" is none of rotate-k, rotate-v, smooth-k (joined by '+'), or plain");
+      if (flag) throw ArgumentError("transform \"" + transforms + "\" names " + word + " twice");
+      flag = true;
+      at = end + 1;
+    }
+  return random_format(kv_heads, head_dim, rotate_k ? kRotateWholeHead : kNoRotation,
+                       rotate_v ? kRotateWholeHead : kNoRotation, smooth_k, seed);
 }
 
 }  // namespace nvfp4kv::harness

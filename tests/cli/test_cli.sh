@@ -273,9 +273,12 @@ expect_json 0 "$bin" layout plan --layers 32 --kv-heads 8 --head-dim 128 --memor
 expect_json 0 "$bin" layout plan --layout vllm-legacy-nhd --layers 2 --kv-heads 4 --head-dim 64 --pages 16
 expect_json 0 "$bin" roundtrip --layout vllm-legacy-nhd --cpu-only --tokens 64
 expect_json 1 "$bin" roundtrip --layout vllm-packed-nhd-writer --cpu-only --tokens 64
+# A transform bench does not know is a usage error, GPU or not (it is checked before anything runs).
+expect 2 "rotate-q. is none of rotate-k, rotate-v, smooth-k" "$bin" bench decode --batch 1 --context 64 --transform plain,rotate-q
+expect 2 "names smooth-k twice" "$bin" bench prefill --batch 1 --prompt 64 --transform smooth-k+smooth-k
 # Without a GPU the message says there is none (or that this build has no CUDA), and bench exits 3.
 if ! nvidia-smi -L >/dev/null 2>&1; then
-  expect 3 "no CUDA GPU on this machine|built without CUDA" "$bin" bench decode --batch 1 --context 64
+  expect 3 "no CUDA GPU on this machine|built without CUDA" "$bin" bench decode --batch 1 --context 64 --transform plain,rotate-k+smooth-k
   expect 3 "no CUDA GPU on this machine|built without CUDA" "$bin" bench prefill --batch 1 --prompt 64 --cached 0,32
   expect 0 "not run: (no CUDA GPU on this machine|nvfp4kv was built without CUDA)" "$bin" roundtrip --layout nvfp4kv-native --tokens 64
 fi

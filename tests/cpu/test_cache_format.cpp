@@ -11,6 +11,7 @@
 #include "nvfp4kv/core/global_scale.hpp"
 #include "nvfp4kv/core/layout.hpp"
 #include "nvfp4kv/core/transform.hpp"
+#include "nvfp4kv/harness/workload.hpp"
 #include "nvfp4kv/reference/attention.hpp"
 #include "nvfp4kv/reference/cache.hpp"
 #include "nvfp4kv/reference/quantize.hpp"
@@ -58,6 +59,42 @@ TEST(CacheFormat, ValidatesNamingTheField) {
   const ValidLayout v = with_format(plain, f);
   EXPECT_EQ(v.format(), f);
   EXPECT_TRUE(plain.format().implicit());
+}
+
+// transforms() picks the attention kernels' instances with the query and output steps
+// (a plain cache must never pay for them, and a transformed one must never miss them), and
+// the benchmarks' --transform names build exactly the format they say.
+TEST(CacheFormat, TransformsSaysWhenAttentionNeedsItsSteps) {
+  CacheFormat f;
+  EXPECT_FALSE(f.transforms());
+  f.layers = {LayerFormat{}, LayerFormat{}};
+  f.layers[1].k.rule = ScaleRule::kFourOverSix;
+  f.layers[0].v.element = ElementFormat::kFp8E4M3;
+  EXPECT_FALSE(f.transforms());  // rules and element formats need no steps
+  f.layers[1].v.rotation = 16;
+  EXPECT_TRUE(f.transforms());
+  f.layers[1].v.rotation = kNoRotation;
+  f.layers[0].k.rotation = kRotateWholeHead;
+  EXPECT_TRUE(f.transforms());
+  f.layers[0].k.rotation = kNoRotation;
+  f.k_mean.assign(2 * 2 * 64, 0.0f);  // mu, even all zeros: the kernels still read it
+  EXPECT_TRUE(f.transforms());
+
+  EXPECT_EQ(harness::transform_format("plain", 2, 64, 1), CacheFormat{});
+  const CacheFormat all = harness::transform_format("smooth-k+rotate-v+rotate-k", 2, 64, 1);
+  ASSERT_EQ(all.layers.size(), 1u);
+  EXPECT_EQ(all.layers[0].k.rotation, kRotateWholeHead);
+  EXPECT_EQ(all.layers[0].v.rotation, kRotateWholeHead);
+  EXPECT_EQ(all.k_mean.size(), 2u * 64u);
+  const CacheFormat v_only = harness::transform_format("rotate-v", 2, 64, 1);
+  EXPECT_EQ(v_only.layers[0].k.rotation, kNoRotation);
+  EXPECT_FALSE(v_only.has_k_mean());
+  const CacheFormat mu = harness::transform_format("smooth-k", 2, 64, 1);
+  EXPECT_TRUE(mu.implicit());
+  EXPECT_TRUE(mu.transforms());
+  EXPECT_EQ(format_problem(all, dims(1, 2, 64)), "");
+  for (const char* bad : {"", "rotate-k+", "rotate-q", "plain+rotate-k", "rotate-k+rotate-k"})
+    EXPECT_THROW(harness::transform_format(bad, 2, 64, 1), ArgumentError) << bad;
 }
 
 TEST(CacheFormat, RotationBlocks) {

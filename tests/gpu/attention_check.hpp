@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
-#include <random>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -16,8 +15,6 @@
 #include "nvfp4kv/api/result.hpp"
 #include "nvfp4kv/core/half.hpp"
 #include "nvfp4kv/harness/cuda_check.hpp"
-
-#include "nvfp4kv/core/cache_format.hpp"
 
 namespace nvfp4kv::testing {
 
@@ -97,25 +94,5 @@ class CapturedGraph {
   cudaGraphExec_t exec_ = nullptr;
   Result captured_;
 };
-
-// A one-layer cache format for the attention tests' random stored values: K's and V's
-// rotations, and (mean) a K smoothing vector mu ~ N(0, 2), the size of K's values. Without
-// rotations the format has no per-layer entries: mu alone (smoothing is the cache's).
-inline CacheFormat attention_test_format(int64_t kv_heads, int64_t head_dim, int64_t k_rotation, int64_t v_rotation,
-                                         bool mean, uint32_t seed) {
-  CacheFormat f;
-  if (k_rotation != kNoRotation || v_rotation != kNoRotation) {
-    f.layers = {LayerFormat{}};
-    f.layers[0].k.rotation = k_rotation;
-    f.layers[0].v.rotation = v_rotation;
-  }
-  if (mean) {
-    std::mt19937 rng{seed};
-    std::normal_distribution<float> n(0.0f, 2.0f);
-    f.k_mean.resize(size_t(kv_heads * head_dim));
-    for (float& m : f.k_mean) m = n(rng);
-  }
-  return f;
-}
 
 }  // namespace nvfp4kv::testing

@@ -280,8 +280,8 @@ TEST_F(GpuDecode, FormatTransformsMatchTheReference) {
     k.softcap = var.softcap;
     k.sinks = var.sinks;
     k.seed = uint64_t(++seed);
-    k.format = testing::attention_test_format(k.kv_heads, var.head_dim, var.k_rotation, var.v_rotation, var.mean,
-                                              uint32_t(seed));
+    k.format = harness::random_format(k.kv_heads, var.head_dim, var.k_rotation, var.v_rotation, var.mean,
+                                      uint64_t(seed));
     const std::string what = cat("D", var.head_dim, " K rot ", var.k_rotation, " V rot ", var.v_rotation,
                                  var.mean ? " mu" : "", var.softcap > 0 ? " softcap" : "", var.sinks ? " sinks" : "");
     const Outcome o = run_case(k);

@@ -379,8 +379,8 @@ TEST_F(GpuPrefill, FormatTransformsMatchTheReference) {
     k.sinks = var.sinks;
     k.mixed = var.mixed;
     k.seed = uint64_t(++seed);
-    k.format = testing::attention_test_format(k.kv_heads, var.head_dim, var.k_rotation, var.v_rotation, var.mean,
-                                              uint32_t(seed));
+    k.format = harness::random_format(k.kv_heads, var.head_dim, var.k_rotation, var.v_rotation, var.mean,
+                                      uint64_t(seed));
     const std::string what = cat("D", var.head_dim, " K rot ", var.k_rotation, " V rot ", var.v_rotation,
                                  var.mean ? " mu" : "", var.softcap > 0 ? " softcap" : "", var.sinks ? " sinks" : "",
                                  var.mixed ? " mixed" : "");

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "nvfp4kv/core/half.hpp"
+#include "nvfp4kv/core/layout.hpp"
 
 namespace nvfp4kv::harness {
 
@@ -14,6 +15,9 @@ struct DecodeBenchShape {
   int64_t batch = 1, context = 2048, q_heads = 32, kv_heads = 8, head_dim = 128, tokens_per_page = 16;
   std::string layout = "nvfp4kv-native";
   ElementType type = ElementType::kBFloat16;
+  // The cache's transforms (transform_format in workload.hpp): "plain", or rotate-k,
+  // rotate-v, smooth-k joined by '+'.
+  std::string transform = "plain";
 };
 
 struct DecodeBenchResult {
@@ -44,6 +48,11 @@ inline constexpr double kRotatedQueryLseBound = 3e-2;
 // n random bytes at device pointer p, none of them a NaN E4M3 code (byte & 0x77):
 // a valid NVFP4 cache of any layout, made on the GPU (the prefill benchmark uses it too).
 void fill_random_device_bytes(void* p, size_t n, uint64_t seed);
+
+// The benchmarks' cache: the layout (load_spec: a preset's name or a file) at these sizes in
+// one layer, with the format `transform` names (transform_format in workload.hpp).
+ValidLayout bench_layout(const std::string& layout, const std::string& transform, int64_t pages,
+                         int64_t tokens_per_page, int64_t kv_heads, int64_t head_dim);
 
 // Streaming read of 2 GiB with 16-byte loads: TB/s.
 double read_ceiling_tbs();

@@ -15,6 +15,7 @@ struct PrefillBenchShape {
   std::string layout = "nvfp4kv-native";
   ElementType type = ElementType::kBFloat16;
   bool mixed = false;  // through mixed_attention (q length 1: decode; short q lengths: the short-query route)
+  std::string transform = "plain";  // the cache's transforms (harness::transform_format)
 };
 
 struct PrefillBenchResult {

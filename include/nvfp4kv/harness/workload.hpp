@@ -2,8 +2,10 @@
 // Inputs for tests, benchmarks and the CLI: never zeros, reproducible from a
 // seed, shaped so that a byte in the wrong place shows.
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "nvfp4kv/core/cache_format.hpp"
 #include "nvfp4kv/core/half.hpp"
 #include "nvfp4kv/core/layout.hpp"
 
@@ -51,5 +53,18 @@ std::vector<float> realistic_kv(int64_t tokens, int64_t heads, int64_t dim, bool
 // any size without running a quantizer; bytes no element owns hold `fill`.
 std::vector<std::vector<uint8_t>> random_cache(const ValidLayout& layout, int64_t layer, uint64_t seed,
                                                uint8_t fill = 0);
+
+// A one-layer cache format over random stored values: K's and V's rotations (kNoRotation,
+// a block size or kRotateWholeHead) and, with `mean`, a K smoothing vector mu ~ N(0, 2) per
+// (head, channel), the size of random_cache's K values. Without rotations the format has no
+// per-layer entries: mu alone (smoothing is the cache's).
+CacheFormat random_format(int64_t kv_heads, int64_t head_dim, int64_t k_rotation, int64_t v_rotation, bool mean,
+                          uint64_t seed);
+
+// The transforms the benchmarks time beside plain NVFP4 (nvfp4kv bench decode|prefill
+// --transform): "plain", or words joined by '+' from "rotate-k", "rotate-v" (a rotation of
+// the whole head) and "smooth-k" (mu): a random_format. Throws ArgumentError naming the word
+// it does not know.
+CacheFormat transform_format(const std::string& transforms, int64_t kv_heads, int64_t head_dim, uint64_t seed);
 
 }  // namespace nvfp4kv::harness
