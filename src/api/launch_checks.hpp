@@ -38,9 +38,9 @@ inline Result gpu_cache_checks(const ValidLayout& layout, const CacheBuffers& bu
 
 // What a kernel family reads of a layer's format (core/cache_format.hpp).
 struct FormatSupport {
-  bool fp8 = true;         // FP8 E4M3 pages on either side
-  bool transforms = true;  // rotations and K smoothing
+  bool fp8 = true;           // FP8 E4M3 pages on either side
   const char* instead = "";  // who does read what this family refuses, for the message
+  // (Rotations and K smoothing: every family takes them, so there is no flag to refuse them.)
 };
 
 // The layer's format as the kernels take it (kernels/common/format_view.hpp), after the
@@ -50,9 +50,9 @@ struct FormatSupport {
 // a layout without a format (the store call's; readers ignore rules).
 // The families' reach: store and gather take every format; decode and prefill every NVFP4
 // format (rotations and K smoothing folded into their query and output steps).
-inline constexpr FormatSupport kStoreFormats{};
+inline constexpr FormatSupport kStoreAndGatherFormats{};
 inline constexpr FormatSupport kAttentionFormats{
-    .fp8 = false, .transforms = true, .instead = "store and gather take FP8 pages on the GPU, the CPU reference reads them"};
+    .fp8 = false, .instead = "store and gather take FP8 pages on the GPU, the CPU reference reads them"};
 
 inline Result layer_format_view(const ValidLayout& layout, int64_t layer, const float* k_mean, FormatSupport support,
                                 const char* who, ScaleRule implicit_rule, kernels::LayerFormatView* out) {
@@ -84,15 +84,6 @@ inline Result layer_format_view(const ValidLayout& layout, int64_t layer, const 
   }
   // K smoothing belongs to the whole cache: also a format without per-layer entries has it.
   if (k_mean) v.k.mean = k_mean + layer * d.heads * d.head_dim;
-  if (!support.transforms && v.transformed()) {
-    const LayerFormat l = f.layer(layer);
-    const std::string what = v.k.mean ? "smooths K (format.k_mean)"
-                             : l.k.rotation != kNoRotation ? "rotates K"
-                                                          : "rotates V";
-    return {Status::kUnsupported, std::string(who) + ": layer " + std::to_string(layer) + " of the layout's format " +
-                                      what + "; " + who + " reads untransformed NVFP4 only so far (" +
-                                      support.instead + ")"};
-  }
   *out = v;
   return {};
 }
