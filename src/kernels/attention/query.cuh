@@ -73,22 +73,26 @@ template <int kD, ElementType kType, typename Format, typename Put>
 __device__ __forceinline__ float prescale_query_row_to(const uint16_t* row, int64_t dim, int lane, Put put,
                                                        float logit_scale, QueryTransform t = {},
                                                        float* q_dot_mean = nullptr) {
-  float v[kD / 32];
+  float v[kD / 32], mu[kD / 32];
   float amax = 0;
+  // mu's loads issued beside the query's, so that their latencies overlap (one after the
+  // other, a block's query step would wait for two trips to memory per row).
 #pragma unroll
   for (int k = 0; k < kD / 32; ++k) {
     const int col = lane + 32 * k;
     v[k] = 0;
+    mu[k] = 0;
     if (row && col < dim) {
       const uint16_t bits = row[col];
       v[k] = kType == ElementType::kBFloat16 ? __uint_as_float(uint32_t(bits) << 16) : __half2float(__ushort_as_half(bits));
     }
+    if (t.mean && col < dim) mu[k] = t.mean[col];
   }
   if (t.mean) {
     float dot = 0;
 #pragma unroll
     for (int k = 0; k < kD / 32; ++k)
-      if (lane + 32 * k < dim) dot += v[k] * t.mean[lane + 32 * k];
+      if (lane + 32 * k < dim) dot += v[k] * mu[k];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
     if (q_dot_mean) *q_dot_mean = dot;

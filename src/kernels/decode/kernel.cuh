@@ -592,22 +592,6 @@ struct DecodeBlock {
   }
 };
 
-// Rows (rows x dim floats, `stride` apart, in shared memory) through the block-diagonal
-// Hadamard butterflies of block n (no normalization), by the whole block, a barrier after each
-// span; every thread of the block calls it. Out of line: not in the kernel's body.
-static __device__ __noinline__ void unrotate_rows(float* rows_base, int rows, int dim, int stride, int n, int tid, int threads) {
-  const int half = dim / 2;
-  for (int span = 1; span < n; span *= 2) {
-    for (int i = tid; i < rows * half; i += threads) {
-      const int row = i / half, pi = i % half;
-      float* const x = rows_base + row * stride + (pi / span) * 2 * span + pi % span;
-      const float u = x[0], w = x[span];
-      x[0] = u + w, x[span] = u - w;
-    }
-    __syncthreads();
-  }
-}
-
 // The split workspace of a decode call: partials per (sequence, split, kv head,
 // block row), a ticket per (sequence, kv head) (core/decode_plan.hpp).
 inline __device__ attention::SplitWorkspace split_workspace(const DecodeParams& p) {
@@ -818,14 +802,16 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
     }
   }
   __syncthreads();  // the producer joins: every warp's partial state is in place
-  const float* cm = reinterpret_cast<const float*>(s.stage);
-  const float* cl = cm + kConsumerWarps * 16;
+  float* const cm = reinterpret_cast<float*>(s.stage);
+  float* const cl = cm + kConsumerWarps * 16;
   float* const co = reinterpret_cast<float*>(s.stage) + 2 * kConsumerWarps * 16;
   const bool poisoned = !scales_ok || span.bad_length || s.flags[0] != 0;
   const int group = g.group;
   const float nan = attention::quiet_nan();
   const float out_scale = Block::Format::kUndo * vgs;  // undo the placement's 2^-14; V's global scale
-  // Row r's parts rebased onto their common maximum: (max, sum, o at column col).
+  // The combined O at (row, col), with the row's maximum and sum. Without the format's steps
+  // every element rebases its row's parts itself (the row pass below and its barrier cost
+  // plain caches about 1 % at D 64 and 128, run 66).
   const auto combine = [&](int row, int col, float& mx, float& l) {
     mx = kNegInf;
     for (int w = 0; w < kConsumerWarps; ++w) mx = fmaxf(mx, cm[w * 16 + row]);
@@ -839,32 +825,62 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
       }
     return o;
   };
-  // V's rotation undone once per row, on the combined O (linear, so a split's partial
-  // may be taken back before the merge): each (row, column) combined into warp 0's
-  // slice in place (one thread reads and writes each element), then the rows' butterflies
-  // by the whole block (common/row_transforms.cuh's order, in float32).
+  // With them, each row's parts are rebased once per row by one thread, in place: cm[w][row]
+  // becomes warp w's factor exp2(max_w - max), cl[0][row] the row's sum and cl[1][row] its
+  // maximum (rows are at most 16), K smoothing's q . mu added: without a soft-cap a shift of
+  // every logit of the row, so of its maximum (under one it joined each logit). Then V's
+  // rotation is undone once per row on the combined O, into warp 0's slice in place (each
+  // element read and written by one lane): a warp per row, lane l on columns l + 32 k, the
+  // query step's butterflies (attention/query.cuh) in the writer's order, float32; linear, so
+  // a split's partial may be taken back before the merge. (Done by every element as above,
+  // the rotated rows needed a second combine and a block barrier per butterfly span: rotate-v
+  // cost +18.7 % at 1 x 32K, D 128, where this costs +7.4 %, run 66.)
+  static_assert(kConsumerWarps >= 2, "the combine keeps a row's sum and maximum in warps 0 and 1's slots");
   const int v_rotation = kSteps ? p.format.v.rotation : 0;
-  if (v_rotation > 0) {
-    for (int idx = th.tid; idx < block.rows * d.head_dim; idx += kThreads) {
-      const int row = idx / int(d.head_dim), col = idx % int(d.head_dim);
-      float mx, l;
-      const float o = combine(row, col, mx, l);
-      co[row * kD + col] = o;
+  const auto rebased = [&](int row, int col) {
+    float o = 0;
+    if (cl[16 + row] != kNegInf)
+      for (int w = 0; w < kConsumerWarps; ++w) o += co[(w * 16 + row) * kD + col] * cm[w * 16 + row];
+    return o;
+  };
+  if constexpr (kSteps) {
+    for (int row = th.tid; row < block.rows; row += kThreads) {
+      float mx = kNegInf;
+      for (int w = 0; w < kConsumerWarps; ++w) mx = fmaxf(mx, cm[w * 16 + row]);
+      float l = 0;
+      for (int w = 0; w < kConsumerWarps; ++w) {
+        const float f = mx != kNegInf ? exp2f(cm[w * 16 + row] - mx) : 0.0f;
+        l += cl[w * 16 + row] * f;
+        cm[w * 16 + row] = f;
+      }
+      if constexpr (!kSoftcap)
+        if (mx != kNegInf) mx += s.row_bias[row];
+      cl[row] = l;
+      cl[16 + row] = mx;
     }
     __syncthreads();
-    unrotate_rows(co, block.rows, int(d.head_dim), kD, v_rotation, th.tid, kThreads);
+    if (v_rotation > 0) {
+      for (int row = th.warp; row < block.rows; row += kThreads / 32) {
+        attention::SpreadRow<kD> o;
+#pragma unroll
+        for (int k = 0; k < kD / 32; ++k) o.v[k] = rebased(row, th.lane + 32 * k);
+        o = attention::rotated_spread_row<kD>(o, v_rotation, th.lane);
+#pragma unroll
+        for (int k = 0; k < kD / 32; ++k) co[row * kD + th.lane + 32 * k] = o.v[k];
+      }
+      __syncthreads();
+    }
   }
-  const float rotation_norm = v_rotation > 0 ? hadamard_scale(v_rotation) : 1.0f;
   // Row r of the block: query row q_row0 + r / group, head r % group of the kv head's group.
   for (int idx = th.tid; idx < block.rows * d.head_dim; idx += kThreads) {
     const int row = idx / int(d.head_dim), col = idx % int(d.head_dim);
-    float mx, l;
-    float o = combine(row, col, mx, l);
-    if (v_rotation > 0) o = co[row * kD + col] * rotation_norm;
-    // K smoothing's q . mu: a shift of every logit of the row (no soft-cap; under one it
-    // joined each logit), so of the row's maximum.
-    if constexpr (!kSoftcap && kSteps)
-      if (mx != kNegInf) mx += s.row_bias[row];
+    float mx, l, o;
+    if constexpr (kSteps) {
+      l = cl[row], mx = cl[16 + row];
+      o = v_rotation > 0 ? co[row * kD + col] : rebased(row, col);
+    } else {
+      o = combine(row, col, mx, l);
+    }
     const int64_t head = th.kv_head * group + row % group, q_row = q_row0 + row / group;
     if (g.splits == 1) {
       const attention::RowTotal t = attention::finish_row(mx, l, attention::sink_logit2(a.sinks, head));
