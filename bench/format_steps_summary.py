@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Tables from bench/format_steps.sh's JSON lines (DIR/plain.jsonl, DIR/transforms.jsonl).
+"""Tables from bench/format_steps.sh's JSON lines (DIR/plain.jsonl, DIR/transforms.jsonl) and
+its clock samples (DIR/logs/clocks.csv, DIR/logs/phases.txt).
 
 plain: microseconds per call of each tree at each cell, every repetition, and each other
-tree's fastest against this tree's fastest. transforms: this tree's fastest per transform
-against plain NVFP4's in the same process, at each cell.
+tree's fastest against this tree's fastest. transforms: each tree's fastest per transform
+against its plain NVFP4's, at each cell.
 Usage: bench/format_steps_summary.py DIR
 """
 import json
@@ -65,7 +66,7 @@ def transform_table(data):
     ceiling = {}
     transforms, cells = [], []
     for r in data:
-        key = cell(r)
+        key = (r["tree"],) + cell(r)
         t = r.get("transform", "plain")
         if t not in transforms:
             transforms.append(t)
@@ -75,8 +76,8 @@ def transform_table(data):
         if t == "plain" and "of_ceiling" in r:
             ceiling[key] = max(ceiling.get(key, 0), r["of_ceiling"])
     others = [t for t in transforms if t != "plain"]
-    lines = ["| kernel | cell | plain (us) | of read ceiling | " + " | ".join(others) + " |",
-             "|" + "---|" * (4 + len(others))]
+    lines = ["| tree | kernel | cell | plain (us) | of read ceiling | " + " | ".join(others) + " |",
+             "|" + "---|" * (5 + len(others))]
     for key in cells:
         base = min(times.get(key + ("plain",), [float("nan")]))
         cols = []
@@ -84,8 +85,38 @@ def transform_table(data):
             got = times.get(key + (t,))
             cols.append(f"{fmt(min(got))} ({100 * (min(got) / base - 1):+.1f} %)" if got else "-")
         ceil = f"{100 * ceiling[key]:.0f} %" if key in ceiling else "-"
-        lines.append(f"| {key[0]} | {key[1]} | {fmt(base)} | {ceil} | " + " | ".join(cols) + " |")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {fmt(base)} | {ceil} | " + " | ".join(cols) + " |")
     return "\n".join(lines)
+
+
+def clock_table(d):
+    """Mean SM clock, power and the samples' count per phase of the script (logs/phases.txt,
+    logs/clocks.csv from nvidia-smi every 100 ms)."""
+    import datetime
+    phases_path, clocks_path = os.path.join(d, "logs", "phases.txt"), os.path.join(d, "logs", "clocks.csv")
+    if not (os.path.exists(phases_path) and os.path.exists(clocks_path)):
+        return ""
+    phases = []
+    for line in open(phases_path):
+        t, _, name = line.strip().partition(" ")
+        phases.append((float(t), name))
+    samples = []
+    for line in open(clocks_path):
+        parts = [x.strip() for x in line.split(",")]
+        try:
+            t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").replace(
+                tzinfo=datetime.timezone.utc).timestamp()
+            samples.append((t, float(parts[1].split()[0]), float(parts[2].split()[0])))
+        except (ValueError, IndexError):
+            continue
+    lines = ["| phase | samples | SM clock (MHz) | power (W) |", "|---|---:|---:|---:|"]
+    for i, (t0, name) in enumerate(phases):
+        t1 = phases[i + 1][0] if i + 1 < len(phases) else float("inf")
+        got = [s for s in samples if t0 <= s[0] < t1]
+        if got:
+            lines.append(f"| {name} | {len(got)} | {sum(s[1] for s in got) / len(got):.0f} | "
+                         f"{sum(s[2] for s in got) / len(got):.0f} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def main():
@@ -96,8 +127,12 @@ def main():
         print(plain_table(plain))
     transforms = rows(os.path.join(d, "transforms.jsonl"))
     if transforms:
-        print("\n## This tree: each transform's fastest against plain NVFP4's, same process\n")
+        print("\n## Each tree: each transform's fastest against its plain NVFP4's (a process each, alternating)\n")
         print(transform_table(transforms))
+    clocks = clock_table(d)
+    if clocks:
+        print("\n## SM clock and power per phase (nvidia-smi every 100 ms)\n")
+        print(clocks)
 
 
 if __name__ == "__main__":
