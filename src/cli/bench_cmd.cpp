@@ -60,7 +60,6 @@ constexpr const char* kTransformHelp =
     "the cache's transforms (default plain), each one timed as its own cache: plain, or any of rotate-k,\n"
     "rotate-v (Hadamard rotations of the whole head), smooth-k (a K mean subtracted) joined by '+'";
 
-
 const CommandSpec& bench_spec() {
   static const CommandSpec s{
       "bench decode", "",

@@ -40,11 +40,6 @@ void require(const Result& r) {
   if (!r.ok()) throw Error(r.message);
 }
 
-// The format's mu where the kernels read it (DecodeArgs::k_mean); one float without smoothing.
-DeviceBuffer<float> k_mean_on_device(const ValidLayout& v) {
-  return DeviceBuffer<float>::from(v.format().has_k_mean() ? v.format().k_mean : std::vector<float>{0.0f});
-}
-
 ValidLayout shape_layout(const DecodeBenchShape& s, int64_t pages) {
   return bench_layout(s.layout, s.transform, pages, s.tokens_per_page, s.kv_heads, s.head_dim);
 }

@@ -35,7 +35,7 @@ PrefillBenchResult bench_prefill(const PrefillBenchShape& s) {
   DeviceBuffer<uint16_t> q(size_t(s.batch * s.prompt * s.q_heads * s.head_dim)), out(q.size());
   fill_random_device_bytes(q.get(), q.size() * 2, 41);  // finite halves: the top bits of each byte are masked
   auto gs = DeviceBuffer<float>::from({0.01f, 0.01f});
-  auto mean = DeviceBuffer<float>::from(v.format().has_k_mean() ? v.format().k_mean : std::vector<float>{0.0f});
+  const auto mean = k_mean_on_device(v);
   PrefillArgs a;
   a.q = q.get();
   a.q_type = s.type;

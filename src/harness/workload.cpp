@@ -139,10 +139,10 @@ CacheFormat transform_format(const std::string& transforms, int64_t kv_heads, in
     for (size_t at = 0; at <= transforms.size();) {
       const size_t end = std::min(transforms.find('+', at), transforms.size());
       const std::string word = transforms.substr(at, end - at);
-      bool& flag = word == "rotate-k" ? rotate_k : word == "rotate-v" ? rotate_v : smooth_k;
       if (word != "rotate-k" && word != "rotate-v" && word != "smooth-k")
         throw ArgumentError("transform \"" + transforms + "\": \"" + word +
                             "\" is none of rotate-k, rotate-v, smooth-k (joined by '+'), or plain");
+      bool& flag = word == "rotate-k" ? rotate_k : word == "rotate-v" ? rotate_v : smooth_k;
       if (flag) throw ArgumentError("transform \"" + transforms + "\" names " + word + " twice");
       flag = true;
       at = end + 1;

@@ -136,7 +136,7 @@ Outcome run_case(const Case& k, Mutate mutate) {
   auto dscales = DeviceBuffer<float>::from({gs[0], gs[1]});
   auto dsinks = DeviceBuffer<float>::from(sinks);
   auto dstatus = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
-  auto dmean = DeviceBuffer<float>::from(v.format().has_k_mean() ? v.format().k_mean : std::vector<float>{0.0f});
+  const auto dmean = harness::k_mean_on_device(v);
   DeviceBuffer<uint16_t> out(q.size());
   DeviceBuffer<float> lse(size_t(std::max<int64_t>(rows, 1) * q_heads));
   out.fill_bytes(0xFF);

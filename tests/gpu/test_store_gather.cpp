@@ -83,7 +83,7 @@ void store_and_gather(const ValidLayout& valid, int64_t layer, const std::vector
   auto status = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
   // A format that smooths K: its k_mean in device memory, as the kernels take it.
   const bool smooths = valid.format().has_k_mean();
-  auto mean = DeviceBuffer<float>::from(smooths ? valid.format().k_mean : std::vector<float>{0.0f});
+  const auto mean = harness::k_mean_on_device(valid);
   StoreArgs g = a;  // the same operation, device pointers
   if (smooths) g.k_mean = mean.get();
   g.rows = {dk.get(), dv.get(), tokens, rows.stride};

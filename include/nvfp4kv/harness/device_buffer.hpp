@@ -76,4 +76,11 @@ class DeviceCache {
   std::vector<DeviceBuffer<uint8_t>> buffers_;
 };
 
+// The layout's format's mu (layers x kv heads x D floats) where the kernels read it
+// (args.k_mean, required exactly when the format smooths K); one float where it smooths none,
+// which no call is given.
+inline DeviceBuffer<float> k_mean_on_device(const ValidLayout& layout) {
+  return DeviceBuffer<float>::from(layout.format().has_k_mean() ? layout.format().k_mean : std::vector<float>{0.0f});
+}
+
 }  // namespace nvfp4kv::harness
