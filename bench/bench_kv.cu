@@ -2,7 +2,7 @@
 // same run: a streaming-read kernel (16-byte loads) and a device copy.
 // Inputs are random (never zeros); each timed configuration is first checked
 // byte for byte against the CPU reference.
-//   usage: nvfp4kv_bench [--markdown FILE]
+//   usage: nvfp4kv_bench [--markdown FILE] [--profile | --quick | --formats]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -51,6 +51,7 @@ float median_ms(F&& launch, int reps = 30, int warmup = 5) {
 struct Row {
   std::string what;
   double ms, bytes, tbs, vs_copy;
+  double vs_plain = 0;  // time against the same operation on a plain cache (the format rows)
 };
 
 std::vector<Row> rows;
@@ -58,7 +59,7 @@ double copy_tbs = 0;
 
 void add(const std::string& what, double ms, double bytes) {
   const double tbs = bytes / (ms * 1e-3) / 1e12;
-  rows.push_back({what, ms, bytes, tbs, copy_tbs > 0 ? tbs / copy_tbs : 1.0});
+  rows.push_back({what, ms, bytes, tbs, copy_tbs > 0 ? tbs / copy_tbs : 1.0, 0});
   std::printf("  %-58s %9.4f ms %8.1f MB %6.2f TB/s\n", what.c_str(), ms, bytes / 1e6, tbs);
   std::fflush(stdout);
 }
@@ -76,7 +77,7 @@ struct Case {
   std::unique_ptr<DeviceBuffer<uint16_t>> k, v, kout, vout;
   std::unique_ptr<DeviceBuffer<int64_t>> slots;
   std::unique_ptr<DeviceBuffer<int32_t>> table, cu;
-  std::unique_ptr<DeviceBuffer<float>> scales;
+  std::unique_ptr<DeviceBuffer<float>> scales, mean;
   int64_t tokens = 0;
 
   StoreArgs store_args(int64_t n, ScaleRule rule) const {
@@ -88,13 +89,16 @@ struct Case {
     a.k_global_scale = scales->get();
     a.v_global_scale = scales->get() + 1;
     a.rule = rule;
+    a.k_mean = layout.format().has_k_mean() ? mean->get() : nullptr;
     return a;
   }
 };
 
-Case make_case(const char* preset, int64_t tokens, int64_t heads, int64_t dim, uint64_t seed) {
-  const int64_t n = 16, pages = (tokens + n - 1) / n + 8;
-  Case c{validate(instantiate(preset_spec(preset), {1, pages, n, heads, dim}))};
+// A cache of `layout` filled by one store of `tokens` random rows into whole pages in a
+// shuffled order, as a prefill of many sequences would; checked byte for byte against the
+// CPU reference before anything is timed. The layout's pages must hold the tokens.
+Case make_case(ValidLayout layout, int64_t tokens, uint64_t seed, const std::string& what) {
+  Case c{std::move(layout)};
   c.tokens = tokens;
   const Layout& l = c.layout.layout();
   const CacheDims& d = l.dims;
@@ -102,7 +106,9 @@ Case make_case(const char* preset, int64_t tokens, int64_t heads, int64_t dim, u
   const harness::Rows rows = harness::make_rows(d, tokens, ElementType::kBFloat16, harness::RowPattern::kNormal, seed);
   const std::vector<int64_t> slots = harness::paged_slots(d, tokens, seed + 1, false);
   const std::vector<int32_t> table = harness::pages_of(d, slots);
-  const float gs[2] = {recommend_global_scale(rows.k_amax), recommend_global_scale(rows.v_amax)};
+  // FP8 sides: the per-tensor scale amax / 448 (docs/format.md).
+  const auto scale_of = [&](Side side, float amax) { return d.fp8(side) ? amax / kE4M3Max : recommend_global_scale(amax); };
+  const float gs[2] = {scale_of(Side::kK, rows.k_amax), scale_of(Side::kV, rows.v_amax)};
   c.k = std::make_unique<DeviceBuffer<uint16_t>>(DeviceBuffer<uint16_t>::from(rows.k));
   c.v = std::make_unique<DeviceBuffer<uint16_t>>(DeviceBuffer<uint16_t>::from(rows.v));
   c.kout = std::make_unique<DeviceBuffer<uint16_t>>(rows.k.size());
@@ -111,6 +117,7 @@ Case make_case(const char* preset, int64_t tokens, int64_t heads, int64_t dim, u
   c.table = std::make_unique<DeviceBuffer<int32_t>>(DeviceBuffer<int32_t>::from(table));
   c.cu = std::make_unique<DeviceBuffer<int32_t>>(DeviceBuffer<int32_t>::from({0, int32_t(tokens)}));
   c.scales = std::make_unique<DeviceBuffer<float>>(DeviceBuffer<float>::from({gs[0], gs[1]}));
+  c.mean = std::make_unique<DeviceBuffer<float>>(harness::k_mean_on_device(c.layout));
   // Correctness of exactly what is timed: the cache equals the CPU reference.
   reference::HostCache ref(l, 0x5A);
   StoreArgs host = c.store_args(tokens, ScaleRule::kStandard);
@@ -118,17 +125,22 @@ Case make_case(const char* preset, int64_t tokens, int64_t heads, int64_t dim, u
   host.slots = slots.data();
   host.k_global_scale = &gs[0];
   host.v_global_scale = &gs[1];
+  host.k_mean = c.layout.format().has_k_mean() ? c.layout.format().k_mean.data() : nullptr;
   reference::store(c.layout, ref.buffers, host);
   require(store(c.layout, c.cache->view(), c.store_args(tokens, ScaleRule::kStandard), nullptr));
   NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
-  if (c.cache->download() != ref.storage)
-    throw Error(std::string(preset) + ": GPU cache differs from the reference; not timing it");
+  if (c.cache->download() != ref.storage) throw Error(what + ": GPU cache differs from the reference; not timing it");
   return c;
+}
+
+Case make_case(const char* preset, int64_t tokens, int64_t heads, int64_t dim, uint64_t seed) {
+  const int64_t n = 16, pages = (tokens + n - 1) / n + 8;
+  return make_case(validate(instantiate(preset_spec(preset), {1, pages, n, heads, dim})), tokens, seed, preset);
 }
 
 double cache_bytes(const Case& c) {
   const CacheDims& d = c.layout.layout().dims;
-  return double(c.tokens) * 2 * d.heads * (d.data_bytes() + d.scale_bytes());
+  return double(c.tokens) * d.heads * d.row_bytes();
 }
 double row_bytes(const Case& c) {
   const CacheDims& d = c.layout.layout().dims;
@@ -182,18 +194,102 @@ void bench_decode_store(int64_t tokens) {
   cudaStreamDestroy(s);
 }
 
+// Store, gather and the decode-step store for each cache format beside plain NVFP4, at one
+// head dim: what a format costs the writer and the reader (issue 23: store within 5 % of
+// plain). Every case is checked against the CPU reference before it is timed.
+struct FormatCase {
+  const char* name;
+  ElementFormat k_element, v_element;
+  const char* transform;  // harness::transform_format's words
+  ScaleRule k_rule;
+};
+constexpr FormatCase kFormatCases[] = {
+    {"plain", ElementFormat::kNvfp4, ElementFormat::kNvfp4, "plain", ScaleRule::kStandard},
+    {"rotate-k", ElementFormat::kNvfp4, ElementFormat::kNvfp4, "rotate-k", ScaleRule::kStandard},
+    {"rotate-v", ElementFormat::kNvfp4, ElementFormat::kNvfp4, "rotate-v", ScaleRule::kStandard},
+    {"smooth-k", ElementFormat::kNvfp4, ElementFormat::kNvfp4, "smooth-k", ScaleRule::kStandard},
+    {"rotate-k+rotate-v+smooth-k", ElementFormat::kNvfp4, ElementFormat::kNvfp4, "rotate-k+rotate-v+smooth-k",
+     ScaleRule::kStandard},
+    {"K 4over6, V standard", ElementFormat::kNvfp4, ElementFormat::kNvfp4, "plain", ScaleRule::kFourOverSix},
+    {"K fp8, V nvfp4", ElementFormat::kFp8E4M3, ElementFormat::kNvfp4, "plain", ScaleRule::kStandard},
+    {"K fp8, V fp8", ElementFormat::kFp8E4M3, ElementFormat::kFp8E4M3, "plain", ScaleRule::kStandard},
+};
+
+ValidLayout format_layout(const FormatCase& f, int64_t pages, int64_t heads, int64_t dim) {
+  DimsOverride o{1, pages, 16, heads, dim};
+  o.k_element = f.k_element, o.v_element = f.v_element;
+  const ValidLayout plain = validate(instantiate(preset_spec("nvfp4kv-native"), o));
+  CacheFormat format = harness::transform_format(f.transform, heads, dim, 7);
+  if (format.layers.empty()) format.layers.resize(1);
+  format.layers[0].k.element = f.k_element, format.layers[0].v.element = f.v_element;
+  format.layers[0].k.rule = f.k_rule;
+  return with_format(plain, std::move(format));
+}
+
+float graph_step_ms(const Case& c, const StoreArgs& a) {
+  const CacheBuffers b = c.cache->view();
+  cudaStream_t s;
+  NVFP4KV_CUDA_CHECK(cudaStreamCreate(&s));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  NVFP4KV_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < 100; ++i) require(store(c.layout, b, a, s));
+  NVFP4KV_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  NVFP4KV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const float ms =
+      median_ms([&] { NVFP4KV_CUDA_CHECK(cudaGraphLaunch(exec, s)); NVFP4KV_CUDA_CHECK(cudaStreamSynchronize(s)); }) / 100;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  return ms;
+}
+
+void bench_formats(int64_t dim) {
+  const int64_t tokens = 65536, heads = 8, pages = tokens / 16 + 8;
+  float plain[3] = {0, 0, 0};
+  for (const FormatCase& f : kFormatCases) {
+    Case c = make_case(format_layout(f, pages, heads, dim), tokens, 11, f.name);
+    const CacheBuffers b = c.cache->view();
+    const StoreArgs a = c.store_args(tokens, ScaleRule::kStandard);
+    GatherArgs g;
+    g.batch = {.block_table = c.table->get(), .block_table_stride = int64_t(c.table->size()), .cu_seqlens = c.cu->get(),
+               .batch = 1};
+    g.k_global_scale = c.scales->get();
+    g.v_global_scale = c.scales->get() + 1;
+    g.k_out = c.kout->get();
+    g.v_out = c.vout->get();
+    g.k_mean = a.k_mean;
+    const float ms[3] = {median_ms([&] { require(store(c.layout, b, a, nullptr)); }),
+                         median_ms([&] { require(gather(c.layout, b, g, nullptr)); }),
+                         graph_step_ms(c, c.store_args(64, ScaleRule::kStandard))};
+    if (&f == &kFormatCases[0]) std::copy(ms, ms + 3, plain);
+    const std::string shape = std::to_string(tokens) + " tok x 8 heads x D" + std::to_string(dim) + ", " + f.name;
+    const double moved = row_bytes(c) + cache_bytes(c);
+    add("format store " + shape, ms[0], moved);
+    rows.back().vs_plain = ms[0] / plain[0];
+    add("format gather " + shape, ms[1], moved);
+    rows.back().vs_plain = ms[1] / plain[1];
+    c.tokens = 64;
+    add("format decode-step store, 64 tok, graph replay, D" + std::to_string(dim) + ", " + f.name, ms[2],
+        row_bytes(c) + cache_bytes(c));
+    rows.back().vs_plain = ms[2] / plain[2];
+  }
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
   const char* md = nullptr;
   bool profile_only = false;  // --profile: just the 65536-token store and gather, for ncu
   bool quick = false;         // --quick: ceilings, store and gather at 16384 and 65536 tokens, decode step
+  bool formats = false;       // --formats: ceilings, then store and gather of each cache format beside plain
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--markdown") && i + 1 < argc) md = argv[++i];
     else if (!std::strcmp(argv[i], "--profile")) profile_only = true;
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--formats")) formats = true;
     else {
-      std::fprintf(stderr, "usage: nvfp4kv_bench [--markdown FILE] [--profile | --quick]\n");
+      std::fprintf(stderr, "usage: nvfp4kv_bench [--markdown FILE] [--profile | --quick | --formats]\n");
       return 2;
     }
   }
@@ -229,31 +325,42 @@ int run(int argc, char** argv) {
   for (auto& r : rows) r.vs_copy = r.tbs / copy_tbs;
   cudaFree(src);
   cudaFree(dst);
-  bench_store("nvfp4kv-native", 16384, ScaleRule::kStandard, 1);
-  bench_store("nvfp4kv-native", 65536, ScaleRule::kStandard, 2);
-  // Native layout version 1 (the standard code order) beside version 2 (fp16-split): what
-  // re-encoding each data word costs the store and gather.
-  bench_store("nvfp4kv-native-v1", 65536, ScaleRule::kStandard, 2);
-  if (!quick) {
-    bench_store("nvfp4kv-native", 65536, ScaleRule::kFourOverSix, 3);
-    bench_store("vllm-legacy-hnd", 65536, ScaleRule::kStandard, 4);
-    bench_store("flashinfer-nhd", 65536, ScaleRule::kStandard, 5);
+  if (formats) {
+    bench_formats(128);
+    bench_formats(64);
+  } else {
+    bench_store("nvfp4kv-native", 16384, ScaleRule::kStandard, 1);
+    bench_store("nvfp4kv-native", 65536, ScaleRule::kStandard, 2);
+    // Native layout version 1 (the standard code order) beside version 2 (fp16-split): what
+    // re-encoding each data word costs the store and gather.
+    bench_store("nvfp4kv-native-v1", 65536, ScaleRule::kStandard, 2);
+    if (!quick) {
+      bench_store("nvfp4kv-native", 65536, ScaleRule::kFourOverSix, 3);
+      bench_store("vllm-legacy-hnd", 65536, ScaleRule::kStandard, 4);
+      bench_store("flashinfer-nhd", 65536, ScaleRule::kStandard, 5);
+    }
+    bench_gather("nvfp4kv-native", 16384, 6);
+    bench_gather("nvfp4kv-native", 65536, 7);
+    bench_gather("nvfp4kv-native-v1", 65536, 7);
+    if (!quick) bench_gather("vllm-legacy-hnd", 65536, 8);
+    bench_decode_store(64);
   }
-  bench_gather("nvfp4kv-native", 16384, 6);
-  bench_gather("nvfp4kv-native", 65536, 7);
-  bench_gather("nvfp4kv-native-v1", 65536, 7);
-  if (!quick) bench_gather("vllm-legacy-hnd", 65536, 8);
-  bench_decode_store(64);
-  std::printf("\n| what | ms | MB moved | TB/s | of copy |\n|---|---:|---:|---:|---:|\n");
-  for (const Row& r : rows)
-    std::printf("| %s | %.4f | %.1f | %.2f | %.0f%% |\n", r.what.c_str(), r.ms, r.bytes / 1e6, r.tbs, 100 * r.vs_copy);
+  const auto table = [&](FILE* f) {
+    std::fprintf(f, "| what | ms | MB moved | TB/s | of copy |%s\n|---|---:|---:|---:|---:|%s\n", formats ? " time vs plain |" : "",
+                 formats ? "---:|" : "");
+    for (const Row& r : rows) {
+      std::fprintf(f, "| %s | %.4f | %.1f | %.2f | %.0f%% |", r.what.c_str(), r.ms, r.bytes / 1e6, r.tbs, 100 * r.vs_copy);
+      if (formats) r.vs_plain > 0 ? std::fprintf(f, " %+.1f%% |", 100 * (r.vs_plain - 1)) : std::fprintf(f, " |");
+      std::fprintf(f, "\n");
+    }
+  };
+  std::printf("\n");
+  table(stdout);
   if (md) {
     FILE* f = std::fopen(md, "w");
     if (f) {
-      std::fprintf(f, "GPU: %s, %d SMs\n\n| what | ms | MB moved | TB/s | of copy |\n|---|---:|---:|---:|---:|\n", prop.name,
-                   prop.multiProcessorCount);
-      for (const Row& r : rows)
-        std::fprintf(f, "| %s | %.4f | %.1f | %.2f | %.0f%% |\n", r.what.c_str(), r.ms, r.bytes / 1e6, r.tbs, 100 * r.vs_copy);
+      std::fprintf(f, "GPU: %s, %d SMs\n\n", prop.name, prop.multiProcessorCount);
+      table(f);
       std::fclose(f);
     }
   }
