@@ -20,10 +20,19 @@ Result prepare(const ValidLayout& layout, const DecodeArgs& a, kernels::DecodePa
   if (d.tokens_per_page > INT32_MAX) return {Status::kUnsupported, "decode_attention: more than 2^31 - 1 tokens per page"};
   if (std::string why = kernels::device_arch_problem(); !why.empty())  // cached per device
     return {Status::kUnsupported, std::string(who) + ": " + why};
+  // FP8 beside NVFP4: the kernel has instances for an NVFP4 side in the fp16-split code
+  // order only (the native layouts').
+  if (d.fp8(Side::kK) != d.fp8(Side::kV) && !layout.view().codes().is_fp16_split())
+    return {Status::kUnsupported, std::string(who) + ": layout " + quote_text(layout.layout().name) + " holds " +
+                                      (d.fp8(Side::kK) ? "K as fp8_e4m3 and V" : "V as fp8_e4m3 and K") +
+                                      " as nvfp4 in the standard code order; decode reads NVFP4 beside FP8 in the "
+                                      "fp16-split order only (the native layout's)"};
   p.args = a;
   // (The layer's view comes from the same format, so the second term only makes sure that no
-  // instance without the steps ever reads a layer that has them.)
-  p.format_steps = layout.format().transforms() || p.format.transformed();
+  // instance without the steps ever reads a layer that has them.) A layout that holds FP8
+  // runs the instances with the steps (their only ones: an FP8 side is rare enough not to
+  // double its instances for the few percent the steps cost where blocks are short).
+  p.format_steps = layout.format().transforms() || p.format.transformed() || d.fp8(Side::kK) || d.fp8(Side::kV);
   std::string unsupported;
   if (Result r = api::from_cuda(kernels::plan_decode_geometry(p, &unsupported), who); !r.ok()) return r;
   if (!unsupported.empty()) return {Status::kUnsupported, std::string(who) + ": " + unsupported};
@@ -82,7 +91,7 @@ Result prepare_decode(const ValidLayout& layout, const CacheBuffers& buffers, co
   if (std::string p = decode_problem(layout, buffers, a); !p.empty()) return invalid(who, p);
   if (Result r = gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
   kernels::LayerFormatView format;
-  if (Result r = layer_format_view(layout, a.layer, a.k_mean, kAttentionFormats, who, ScaleRule::kStandard, &format); !r.ok())
+  if (Result r = layer_format_view(layout, a.layer, a.k_mean, kStoreGatherDecodeFormats, who, ScaleRule::kStandard, &format); !r.ok())
     return r;
   if (Result r = code_order_checks(layout, who); !r.ok()) return r;
   *out = kernels::DecodeParams{.layout = layout.view(), .cache = buffers, .args = a, .geometry = {}, .format = format};
@@ -106,7 +115,7 @@ Result prepare_short_query(const ValidLayout& layout, const CacheBuffers& buffer
   d.workspace = workspace;
   d.workspace_bytes = workspace_bytes;
   kernels::LayerFormatView format;
-  if (Result r = layer_format_view(layout, a.layer, a.k_mean, kAttentionFormats, who, ScaleRule::kStandard, &format); !r.ok())
+  if (Result r = layer_format_view(layout, a.layer, a.k_mean, kPrefillFormats, who, ScaleRule::kStandard, &format); !r.ok())
     return r;
   *out = kernels::DecodeParams{.layout = layout.view(), .cache = buffers, .args = d, .geometry = {}, .format = format};
   out->cu_q = a.cu_seqlens_q;

@@ -48,11 +48,12 @@ struct FormatSupport {
 // never read or written as if it were plain NVFP4. k_mean is the caller's device copy of
 // format.k_mean, required exactly when the format smooths K. implicit_rule is the rule of
 // a layout without a format (the store call's; readers ignore rules).
-// The families' reach: store and gather take every format; decode and prefill every NVFP4
-// format (rotations and K smoothing folded into their query and output steps).
-inline constexpr FormatSupport kStoreAndGatherFormats{};
-inline constexpr FormatSupport kAttentionFormats{
-    .fp8 = false, .instead = "store and gather take FP8 pages on the GPU, the CPU reference reads them"};
+// The families' reach: store, gather and decode take every format (decode with rotations and
+// K smoothing folded into its query and output steps, FP8 sides through their dequantize
+// part); prefill, and so a mixed batch and its short-query route, every NVFP4 format.
+inline constexpr FormatSupport kStoreGatherDecodeFormats{};
+inline constexpr FormatSupport kPrefillFormats{
+    .fp8 = false, .instead = "store, gather and decode_attention take FP8 pages on the GPU, the CPU reference reads them"};
 
 inline Result layer_format_view(const ValidLayout& layout, int64_t layer, const float* k_mean, FormatSupport support,
                                 const char* who, ScaleRule implicit_rule, kernels::LayerFormatView* out) {

@@ -26,9 +26,11 @@ std::string plan_decode_geometry(const LayoutView& layout, const DecodeArgs& arg
   g.rows = g.queries * g.group;
   // Dense planes: every region's (page, head) tile one contiguous, 16-byte aligned
   // plane whose size is a multiple of 16, data rows 16-byte aligned inside it.
+  // An FP8 side's scale region holds nothing and takes no part (d.holds).
   g.dense = d.head_dim == g.head_dim;
   for (int ri = 0; ri < kRegionCount; ++ri) {
     const Region r = Region(ri);
+    if (!d.holds(r)) continue;
     const RegionAccess& acc = layout.access(r);
     g.dense = g.dense && acc.dense_plane && acc.plane_align >= 16 && (d.tokens_per_page * d.columns(r)) % 16 == 0;
     if (!is_scale(r)) g.dense = g.dense && acc.vector_bytes >= 16;
@@ -49,6 +51,7 @@ std::string plan_decode_geometry(const LayoutView& layout, const DecodeArgs& arg
   g.tensor_rows = !g.dense && d.head_dim == g.head_dim;
   for (int ri = 0; ri < kRegionCount; ++ri) {
     const Region r = Region(ri);
+    if (!d.holds(r)) continue;
     const RegionMap& m = layout.region(r);
     const int64_t cols = d.columns(r);
     g.tensor_rows = g.tensor_rows && m.token.is_plain() && m.column.is_plain() && (cols == 1 || m.column.stride == 1) &&
@@ -57,26 +60,29 @@ std::string plan_decode_geometry(const LayoutView& layout, const DecodeArgs& arg
                     (!tensor_rows_flat(m.head, d.heads) || m.head == cols) && m.token.stride < (int64_t(1) << 40) &&
                     m.page < (int64_t(1) << 40) && m.head < (int64_t(1) << 40);
   }
-  // The page slot: the four canonical planes, scale planes padded to 16 bytes (a
-  // tensor copy's rows are at least 16 bytes, and its planes start on 128 bytes).
+  // The page slot: the four canonical planes in region order (K data, K scales, V data,
+  // V scales), each row as the side's element format has it at the instance's D (an FP8
+  // row D bytes, an NVFP4 one D / 2 and D / 16 of scales; an FP8 side has no scale
+  // plane), scale planes padded to 16 bytes (a tensor copy's rows are at least 16 bytes,
+  // and its planes start on 128 bytes).
   const int n = int(d.tokens_per_page);
   const int align = g.tensor_rows ? 128 : 16;
   const auto up = [align](int bytes) { return (bytes + align - 1) / align * align; };
+  int at = 0;
   for (int ri = 0; ri < kRegionCount; ++ri) {
-    const int row = is_scale(Region(ri)) ? g.head_dim / 16 : g.head_dim / 2;
-    g.row_pitch[ri] = g.tensor_rows ? tensor_row_pitch(row) : row;
+    const Region r = Region(ri);
+    const bool fp8 = d.fp8(side_of(r));
+    const int row = is_scale(r) ? (fp8 ? 0 : g.head_dim / 16) : (fp8 ? g.head_dim : g.head_dim / 2);
+    g.row_pitch[ri] = g.tensor_rows && row > 0 ? tensor_row_pitch(row) : row;
+    g.plane_offset[ri] = at;
+    at += up(n * g.row_pitch[ri]);
   }
-  const int data_plane = up(n * g.row_pitch[int(Region::kKData)]);
-  const int scale_plane = up(n * g.row_pitch[int(Region::kKScale)]);
-  g.plane_offset[int(Region::kKData)] = 0;
-  g.plane_offset[int(Region::kKScale)] = data_plane;
-  g.plane_offset[int(Region::kVData)] = data_plane + scale_plane;
-  g.plane_offset[int(Region::kVScale)] = 2 * data_plane + scale_plane;
-  g.slot_bytes = 2 * (data_plane + scale_plane);
+  g.slot_bytes = at;
   // One span per (page, head): every region on the same page and head strides, at
   // its plane's offset from K's data.
   g.span = g.dense;
   for (int ri = 0; ri < kRegionCount; ++ri) {
+    if (!d.holds(Region(ri))) continue;
     const RegionMap& m = layout.region(Region(ri)), &k = layout.region(Region::kKData);
     g.span = g.span && m.buffer == k.buffer && m.layer == k.layer && m.page == k.page && m.head == k.head &&
              m.offset - k.offset == g.plane_offset[ri];

@@ -105,10 +105,11 @@ std::vector<std::vector<uint8_t>> random_cache(const ValidLayout& valid, int64_t
           for (c.column = 0; c.column < d.columns(r); ++c.column) {
             const uint64_t x = rng();
             uint8_t v = uint8_t(x);
-            if (is_scale(r)) {
+            if (is_scale(r) || d.fp8(side_of(r))) {
               const uint32_t pick = uint32_t(x >> 8) % 64;
               // E4M3 codes: exponent field 3..11 (2^-4 .. 2^4) any mantissa; 1 in 64 zero, 1 in 64 subnormal.
               v = pick == 0 ? 0 : pick == 1 ? uint8_t(1 + (x >> 16) % 7) : uint8_t(((3 + (x >> 16) % 9) << 3) | ((x >> 24) & 7));
+              if (!is_scale(r)) v = uint8_t(v | (x & 0x80));  // FP8 elements: either sign
             }
             buf[size_t(l.offset(r, c))] = v;
           }
@@ -134,21 +135,32 @@ CacheFormat random_format(int64_t kv_heads, int64_t head_dim, int64_t k_rotation
 }
 
 CacheFormat transform_format(const std::string& transforms, int64_t kv_heads, int64_t head_dim, uint64_t seed) {
-  bool rotate_k = false, rotate_v = false, smooth_k = false;
+  bool rotate_k = false, rotate_v = false, smooth_k = false, fp8_k = false, fp8_v = false;
   if (transforms != "plain")
     for (size_t at = 0; at <= transforms.size();) {
       const size_t end = std::min(transforms.find('+', at), transforms.size());
       const std::string word = transforms.substr(at, end - at);
-      if (word != "rotate-k" && word != "rotate-v" && word != "smooth-k")
+      bool* flag = word == "rotate-k" ? &rotate_k
+                   : word == "rotate-v" ? &rotate_v
+                   : word == "smooth-k" ? &smooth_k
+                   : word == "fp8-k"    ? &fp8_k
+                   : word == "fp8-v"    ? &fp8_v
+                                        : nullptr;
+      if (!flag)
         throw ArgumentError("transform \"" + transforms + "\": \"" + word +
-                            "\" is none of rotate-k, rotate-v, smooth-k (joined by '+'), or plain");
-      bool& flag = word == "rotate-k" ? rotate_k : word == "rotate-v" ? rotate_v : smooth_k;
-      if (flag) throw ArgumentError("transform \"" + transforms + "\" names " + word + " twice");
-      flag = true;
+                            "\" is none of rotate-k, rotate-v, smooth-k, fp8-k, fp8-v (joined by '+'), or plain");
+      if (*flag) throw ArgumentError("transform \"" + transforms + "\" names " + word + " twice");
+      *flag = true;
       at = end + 1;
     }
-  return random_format(kv_heads, head_dim, rotate_k ? kRotateWholeHead : kNoRotation,
-                       rotate_v ? kRotateWholeHead : kNoRotation, smooth_k, seed);
+  CacheFormat f = random_format(kv_heads, head_dim, rotate_k ? kRotateWholeHead : kNoRotation,
+                                rotate_v ? kRotateWholeHead : kNoRotation, smooth_k, seed);
+  if (fp8_k || fp8_v) {
+    if (f.layers.empty()) f.layers.resize(1);
+    if (fp8_k) f.layers[0].k.element = ElementFormat::kFp8E4M3;
+    if (fp8_v) f.layers[0].v.element = ElementFormat::kFp8E4M3;
+  }
+  return f;
 }
 
 }  // namespace nvfp4kv::harness

@@ -37,10 +37,12 @@ struct Case {
   int64_t tokens_per_page = 16, head_dim = 128, heads = 8, q_heads = 32, batch = 16, stride = 2048;
   const char* preset = "nvfp4kv-native";
   int64_t max_q_len = 1;  // > 1: the short-query route
+  ElementFormat k_element = ElementFormat::kNvfp4, v_element = ElementFormat::kNvfp4;
 };
 
 DecodeGeometry plan(const Case& c, std::string* why = nullptr) {
-  const ValidLayout v = validate(instantiate(preset_spec(c.preset), {1, 4096, c.tokens_per_page, c.heads, c.head_dim}));
+  const ValidLayout v = validate(
+      instantiate(preset_spec(c.preset), {1, 4096, c.tokens_per_page, c.heads, c.head_dim, c.k_element, c.v_element}));
   DecodeArgs a;
   a.q_heads = c.q_heads;
   a.batch.batch = c.batch;
@@ -169,6 +171,39 @@ TEST(DecodePlan, PlaneKindsFollowTheLayout) {
   EXPECT_FALSE(padded.dense);
   EXPECT_FALSE(padded.tensor_rows);  // native rows of 40 bytes: a token stride the copy engine refuses
   EXPECT_EQ(padded.row_pitch[int(Region::kKData)], 64);
+}
+
+// An FP8 side's stage rows are D bytes and it has no scale plane: the slot's planes follow
+// each side's element format, in region order, and still make one span of the native layout.
+TEST(DecodePlan, Fp8SidesHaveRowsOfDBytesAndNoScalePlane) {
+  constexpr ElementFormat kFp8 = ElementFormat::kFp8E4M3;
+  for (int64_t d : {64, 128, 256}) {
+    SCOPED_TRACE("D " + std::to_string(d));
+    const DecodeGeometry k8 = plan({.head_dim = d, .k_element = kFp8});
+    EXPECT_TRUE(k8.dense);
+    EXPECT_TRUE(k8.span);
+    EXPECT_EQ(k8.row_pitch[int(Region::kKData)], d);
+    EXPECT_EQ(k8.row_pitch[int(Region::kKScale)], 0);
+    EXPECT_EQ(k8.row_pitch[int(Region::kVData)], d / 2);
+    EXPECT_EQ(k8.plane_offset[int(Region::kVData)], 16 * d);  // right after K's data
+    EXPECT_EQ(k8.slot_bytes, 16 * d + 16 * d / 2 + 16 * d / 16);
+    const DecodeGeometry v8 = plan({.head_dim = d, .v_element = kFp8});
+    EXPECT_TRUE(v8.span);
+    EXPECT_EQ(v8.plane_offset[int(Region::kVData)], 16 * d / 2 + 16 * d / 16);
+    EXPECT_EQ(v8.row_pitch[int(Region::kVScale)], 0);
+    EXPECT_EQ(v8.slot_bytes, 16 * d / 2 + 16 * d / 16 + 16 * d);
+    const DecodeGeometry both = plan({.head_dim = d, .k_element = kFp8, .v_element = kFp8});
+    EXPECT_TRUE(both.span);
+    EXPECT_EQ(both.slot_bytes, 2 * 16 * d);
+    // Twice K's bytes: fewer stages in flight at most, never more.
+    EXPECT_LE(both.stages, plan({.head_dim = d}).stages);
+  }
+  // The padded path copies an FP8 row of the layout's D into a row of the instance's.
+  const DecodeGeometry padded = plan({.head_dim = 80, .k_element = kFp8});
+  EXPECT_FALSE(padded.dense);
+  EXPECT_EQ(padded.row_pitch[int(Region::kKData)], 128);
+  EXPECT_EQ(padded.row_pitch[int(Region::kKScale)], 0);
+  EXPECT_EQ(padded.plane_offset[int(Region::kVData)], 16 * 128);
 }
 
 TEST(DecodePlan, UnsupportedShapesSayWhy) {

@@ -59,6 +59,8 @@ struct Case {
   // without its format, a reader that forgot it (it must fail the bounds).
   std::optional<CacheFormat> format;
   bool plain_reader = false;
+  // The layout's element formats (the native layout takes FP8 on either side).
+  ElementFormat k_element = ElementFormat::kNvfp4, v_element = ElementFormat::kNvfp4;
 };
 
 struct Outcome : testing::Comparison {
@@ -73,7 +75,7 @@ Outcome run_case(const Case& k, Mutate mutate) {
   Outcome o;
   LayoutSpec spec = preset_spec(k.preset);
   if (!k.codes.empty()) spec.codes = *code_order_named(k.codes);
-  const Layout l = instantiate(spec, {1, k.pages, k.tokens_per_page, k.kv_heads, k.head_dim});
+  const Layout l = instantiate(spec, {1, k.pages, k.tokens_per_page, k.kv_heads, k.head_dim, k.k_element, k.v_element});
   const ValidLayout plain = validate(l);
   const ValidLayout v = k.format ? with_format(plain, *k.format) : plain;
   const CacheDims& d = v.layout().dims;
@@ -294,6 +296,87 @@ TEST_F(GpuDecode, FormatTransformsMatchTheReference) {
     std::printf("  %-44s read as plain: rel L2 %.2e  lse %.2e\n", what.c_str(), wrong.rel_l2, wrong.lse_max_abs);
     EXPECT_TRUE(wrong.rel_l2 > 0.1 || wrong.lse_max_abs > 1.0) << what << ": a reader without the format passed";
   }
+}
+
+// FP8 E4M3 sides (the layout's elements): decode reads K, V or both in FP8 through that
+// side's dequantize part (attention/dequant.cuh), beside the other side's NVFP4, at every
+// head dim and group size, with the options, a split sequence, the format's steps and the
+// padded row path. The random FP8 elements span 2^-4 .. 2^4 of either sign, with zeros and
+// subnormals (harness::random_cache), read back by the reference in float64.
+TEST_F(GpuDecode, Fp8SidesMatchTheReference) {
+  constexpr ElementFormat F = ElementFormat::kFp8E4M3, N = ElementFormat::kNvfp4;
+  struct Variant {
+    ElementFormat k, v;
+    int64_t head_dim, tokens_per_page, group;
+    float softcap;
+    bool sinks;
+    int64_t window;
+    std::vector<int32_t> lengths;
+    int64_t k_rotation, v_rotation;
+    bool mean;
+    ElementType type;
+  };
+  const auto bf16 = ElementType::kBFloat16, fp16 = ElementType::kFloat16;
+  const std::vector<Variant> variants = {
+      {F, N, 128, 16, 4, 0, false, 0, {300, 17, 0, 129}, kNoRotation, kNoRotation, false, bf16},
+      {N, F, 128, 16, 4, 0, false, 0, {300, 17, 0, 129}, kNoRotation, kNoRotation, false, bf16},
+      {F, F, 128, 16, 4, 0, false, 0, {300, 17, 0, 129}, kNoRotation, kNoRotation, false, fp16},
+      {F, N, 64, 32, 8, 1.5f, true, 0, {41000, 5}, kNoRotation, kNoRotation, false, bf16},  // split and merged
+      {N, F, 64, 16, 16, 0, true, 50, {300, 17, 1}, kNoRotation, kNoRotation, false, fp16},
+      {F, F, 256, 64, 2, 0, false, 0, {900, 33}, kRotateWholeHead, 64, true, bf16},
+      {F, N, 256, 16, 16, 2.0f, false, 0, {513, 64}, kNoRotation, kNoRotation, true, bf16},
+      {N, F, 256, 128, 1, 0, true, 0, {700, 3}, kNoRotation, kRotateWholeHead, false, bf16},
+      {F, N, 96, 16, 4, 0, false, 0, {513, 64}, kNoRotation, kNoRotation, false, bf16},  // padded D: row copies
+      {F, F, 128, 1, 4, 0, false, 0, {100, 37}, kNoRotation, kNoRotation, false, bf16},   // 64 pages a stage
+  };
+  int seed = 1300;
+  for (const Variant& var : variants) {
+    Case k;
+    k.k_element = var.k, k.v_element = var.v;
+    k.head_dim = var.head_dim;
+    k.tokens_per_page = var.tokens_per_page;
+    k.group = var.group;
+    k.lengths = var.lengths;
+    k.pages = var.lengths[0] > 10000 ? 1400 : std::max<int64_t>(64, 1100 / var.tokens_per_page + 8);
+    k.softcap = var.softcap;
+    k.sinks = var.sinks;
+    k.window = var.window;
+    k.type = var.type;
+    k.seed = uint64_t(++seed);
+    if (var.k_rotation != kNoRotation || var.v_rotation != kNoRotation || var.mean) {
+      CacheFormat f = harness::random_format(k.kv_heads, var.head_dim, var.k_rotation, var.v_rotation, var.mean,
+                                             uint64_t(seed));
+      for (LayerFormat& layer : f.layers) layer.k.element = var.k, layer.v.element = var.v;
+      k.format = f;
+    }
+    const std::string what =
+        cat("K ", element_format_name(var.k), " V ", element_format_name(var.v), " D", var.head_dim, " N",
+            var.tokens_per_page, " G", var.group, var.softcap > 0 ? " softcap" : "", var.sinks ? " sinks" : "",
+            var.window ? " window" : "", var.k_rotation || var.v_rotation ? " rotated" : "", var.mean ? " mu" : "");
+    const Outcome o = run_case(k);
+    expect_close(k, o, what);
+    if (var.lengths[0] > 10000) {
+      EXPECT_GT(o.plan.splits, 1) << what;
+    }
+    if (var.head_dim == 96) {
+      EXPECT_FALSE(o.plan.dense_planes) << what;
+    } else {
+      EXPECT_TRUE(o.plan.dense_planes) << what;
+    }
+    if (HasFailure()) return;
+  }
+}
+
+// FP8 beside NVFP4 in the standard code order (a layout of one's own may say so) has no
+// instance: refused by name before anything runs.
+TEST_F(GpuDecode, Fp8BesideTheStandardCodeOrderIsRefused) {
+  LayoutSpec spec = preset_spec("nvfp4kv-native");
+  spec.codes = *code_order_named("standard");
+  const ValidLayout v = validate(instantiate(spec, {1, 8, 16, 2, 128, ElementFormat::kFp8E4M3, ElementFormat::kNvfp4}));
+  DecodePlan plan;
+  const Result r = plan_decode(v, 1, 8, 8, &plan);
+  EXPECT_EQ(r.status, Status::kUnsupported);
+  EXPECT_NE(r.message.find("fp16-split"), std::string::npos) << r.message;
 }
 
 // Long sequences split over many blocks and merged: batch 1 and several, ragged.

@@ -49,8 +49,9 @@ std::vector<float> realistic_kv(int64_t tokens, int64_t heads, int64_t dim, bool
 
 // One layer's buffers of a layout, every element filled through the layout
 // with random NVFP4: uniform E2M1 codes, and block scales mostly spread over
-// 2^-4 .. 2^4 with a few zero and subnormal ones, never NaN. A valid cache of
-// any size without running a quantizer; bytes no element owns hold `fill`.
+// 2^-4 .. 2^4 with a few zero and subnormal ones, never NaN; an FP8 side's
+// elements like those scales, with either sign. A valid cache of any size
+// without running a quantizer; bytes no element owns hold `fill`.
 std::vector<std::vector<uint8_t>> random_cache(const ValidLayout& layout, int64_t layer, uint64_t seed,
                                                uint8_t fill = 0);
 
@@ -63,8 +64,9 @@ CacheFormat random_format(int64_t kv_heads, int64_t head_dim, int64_t k_rotation
 
 // The transforms the benchmarks time beside plain NVFP4 (nvfp4kv bench decode|prefill
 // --transform): "plain", or words joined by '+' from "rotate-k", "rotate-v" (a rotation of
-// the whole head) and "smooth-k" (mu): a random_format. Throws ArgumentError naming the word
-// it does not know.
+// the whole head), "smooth-k" (mu), "fp8-k" and "fp8-v" (that side's elements in FP8 E4M3,
+// which the layout must then hold: bench_layout makes it so): a random_format. Throws
+// ArgumentError naming the word it does not know.
 CacheFormat transform_format(const std::string& transforms, int64_t kv_heads, int64_t head_dim, uint64_t seed);
 
 }  // namespace nvfp4kv::harness

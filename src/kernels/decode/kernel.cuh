@@ -16,7 +16,9 @@
 //    token; they become FP16 by bit placement (attention/dequant.cuh: e2m1 * 2^-14, exact)
 //    times the token's block scale in FP16 (exact: <= 6 significant bits,
 //    >= 2^-24), so each K element is dequantized once per block and serves every
-//    query head of the group.
+//    query head of the group. A side the layout holds in FP8 E4M3 goes through its
+//    own dequantize part (two bytes to an FP16 pair by one conversion, no block
+//    scale): the format policies of attention/dequant.cuh, one per side.
 //  - online softmax in base 2 on the FP32 accumulators: a lane holds two heads'
 //    logits for two tokens; the FP32 global scales and the query's power-of-two
 //    prescale fold into one multiplier per head.
@@ -102,9 +104,12 @@ struct StageMask {
 // or smooths (common/format_view.hpp), so the query and output steps are compiled in;
 // without it the instance has no instruction for them (an option that is off costs
 // nothing: with the steps in every instance, plain caches ran 1-7 % slower, runs 64-66).
-template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Format_>
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Formats>
 struct DecodeBlock {
-  using Format = Format_;  // the dequantize part for the layout's code order (attention/dequant.cuh)
+  // The dequantize part of each side (attention/dequant.cuh): its element format and, for
+  // NVFP4, the layout's code order.
+  using KFormat = typename Formats::K;
+  using VFormat = typename Formats::V;
   using Logits = attention::Logits<kSoftcap>;
   const DecodeParams& p;
   const Smem& s;
@@ -118,10 +123,12 @@ struct DecodeBlock {
 
   static constexpr int kNT = kGroupRows / 8;      // n-tiles of 8 query heads
   static constexpr int kKSteps = kD / 16;
-  static constexpr int kWords = kD / 32;          // K data words per lane per token
-  static constexpr int kKGroups = kWords / 2;     // K block scales per lane per token (two words each)
+  static constexpr int kWords = kD / 32;          // K groups of 8 elements per lane per token (an NVFP4 data word each)
+  static constexpr int kKGroups = kWords / 2;     // K block scales per lane per token (two groups each)
+  static constexpr int kKW = KFormat::kWordsPer8;  // data words per group of 8 K elements
   static constexpr int kE = kD / 8;               // V elements per lane per token
-  static constexpr int kVWords = kE / 8;          // V data words per lane per token
+  static constexpr int kVWords = kE / 8;          // V groups of 8 elements per lane per token
+  static constexpr int kVW = VFormat::kWordsPer8;  // data words per group of 8 V elements
   static constexpr int kVGroups = kE >= 16 ? kE / 16 : 1;
   static constexpr int kMTiles = kD / 16;         // O^T tiles of 16 rows of D
   // The query's MMA fragments stay in registers only at D 64 with one n-tile: at
@@ -162,6 +169,7 @@ struct DecodeBlock {
         } else {
           for (int ri = 0; ri < kRegionCount; ++ri) {
             const Region r = Region(ri);
+            if (stage_row(r) == 0) continue;  // an FP8 side's scales: no plane
             copy_bulk(slot_start + g.plane_offset[ri], s.plane_base[ri] + page * p.layout.region(r).page,
                       unsigned(plane_bytes(r)), &s.full[slot]);
           }
@@ -186,6 +194,7 @@ struct DecodeBlock {
         uint8_t* const slot_start = dst + q * g.slot_bytes;
         for (int ri = 0; ri < kRegionCount; ++ri) {
           const Region r = Region(ri);
+          if (stage_row(r) == 0) continue;
           const bool flat = tensor_rows_flat(p.layout.region(r).head, d.heads);
           copy_tensor_4d(slot_start + g.plane_offset[ri], &p.rows[ri],
                          flat ? int(th.kv_head * d.columns(r)) - tensor_row_shift(th.kv_head, d.columns(r)) : 0, 0,
@@ -199,7 +208,8 @@ struct DecodeBlock {
       const int64_t page = s.pages[e0 + q];
       if (page < 0) continue;
       uint8_t* const to = dst + size_t(q) * g.slot_bytes;
-      for (int ri = 0; ri < kRegionCount; ++ri) copy_rows(Region(ri), page, to + g.plane_offset[ri]);
+      for (int ri = 0; ri < kRegionCount; ++ri)
+        if (stage_row(Region(ri)) > 0) copy_rows(Region(ri), page, to + g.plane_offset[ri]);
     }
     // Each lane arrives twice: once its cp.async copies have landed, and at once
     // for its plain stores (narrow rows' byte copies; lane 0's page_ok).
@@ -224,16 +234,19 @@ struct DecodeBlock {
     }
   }
 
-  __device__ int plane_bytes(Region r) const {
-    return int(n) * (is_scale(r) ? kD / 16 : kD / 2);
+  // A canonical row of region r in a stage: its side's element format at the instance's D.
+  __host__ __device__ static constexpr int stage_row(Region r) {
+    return side_of(r) == Side::kK ? (is_scale(r) ? KFormat::scale_row(kD) : KFormat::data_row(kD))
+                                  : (is_scale(r) ? VFormat::scale_row(kD) : VFormat::data_row(kD));
   }
+  __device__ int plane_bytes(Region r) const { return int(n) * stage_row(r); }
 
   // One page's rows of region r into its canonical plane (row t at t * row bytes),
   // as wide as the layout's alignment allows.
   __device__ void copy_rows(Region r, int64_t page, uint8_t* plane) const {
     const CacheDims& d = p.layout.dims();
     const int cols = int(d.columns(r));
-    const int row = is_scale(r) ? kD / 16 : kD / 2;
+    const int row = stage_row(r);
     int width = p.layout.vector_bytes(r);
     while (width > 1 && (cols % width != 0 || row % width != 0)) width /= 2;
     // The (page, head) tile once; one warp issues every row copy of the block, so
@@ -320,14 +333,14 @@ struct DecodeBlock {
         // The format's query step: K's rotation applied to the row, q . mu for K's smoothing.
         const attention::QueryTransform t{p.format.k.rotation, p.format.k.mean_row(th.kv_head, d.head_dim)};
         float q_mu = 0;
-        const float scale = attention::prescale_query_row<kD, kType, Format>(q, d.head_dim, th.lane, s.q + r * kD,
+        const float scale = attention::prescale_query_row<kD, kType, KFormat>(q, d.head_dim, th.lane, s.q + r * kD,
                                                                               a.softmax_scale * k_global_scale, t, &q_mu);
         if (th.lane == 0) {
           s.row_scale[r] = scale;
           s.row_bias[r] = a.softmax_scale * q_mu * attention::kLog2e;
         }
       } else {
-        const float scale = attention::prescale_query_row<kD, kType, Format>(q, d.head_dim, th.lane, s.q + r * kD,
+        const float scale = attention::prescale_query_row<kD, kType, KFormat>(q, d.head_dim, th.lane, s.q + r * kD,
                                                                               a.softmax_scale * k_global_scale);
         if (th.lane == 0) s.row_scale[r] = scale;
       }
@@ -357,7 +370,7 @@ struct DecodeBlock {
   }
 
   // The query as the B operand of S = K Q^T (K: 16 columns of D, N: 8 heads), in
-  // the column order the K operand's placement gives (word_offset, Format::place):
+  // the column order the K operand's placement gives (word_offset, KFormat::place8):
   // k-step ks of lane column c covers columns col, col + 4 (rows 2c, 2c + 1) and
   // col + 1, col + 5 (rows 2c + 8, 2c + 9), col = 2 word_offset(c, ks / 2) + 2 (ks % 2).
   __device__ void store_query_fragments() const {
@@ -389,10 +402,12 @@ struct DecodeBlock {
   __device__ Lane lane_constants(QFrags& q) const {
     Lane l;
     l.g = th.lane >> 2, l.c = th.lane & 3;
+    if constexpr (KFormat::kBlockScales)
 #pragma unroll
-    for (int k = 0; k < kKGroups; ++k) l.kscol[k] = s.kscale_col[word_offset<kD>(l.c, 2 * k) / 8];
+      for (int k = 0; k < kKGroups; ++k) l.kscol[k] = s.kscale_col[word_offset<kD>(l.c, 2 * k) / 8];
+    if constexpr (VFormat::kBlockScales)
 #pragma unroll
-    for (int k = 0; k < kVGroups; ++k) l.vscol[k] = s.vscale_col[l.g * kE / 16 + k];
+      for (int k = 0; k < kVGroups; ++k) l.vscol[k] = s.vscale_col[l.g * kE / 16 + k];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) l.rs[nt][0] = s.row_scale[8 * nt + 2 * l.c], l.rs[nt][1] = s.row_scale[8 * nt + 2 * l.c + 1];
     if constexpr (kQInRegisters) {
@@ -434,29 +449,35 @@ struct DecodeBlock {
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) sacc[nt][0] = sacc[nt][1] = sacc[nt][2] = sacc[nt][3] = 0.0f;
     const uint2 r0 = s.krow[first + g], r1 = s.krow[first + g + 8];
-    uint32_t w0[kWords], w1[kWords];
+    // Group w (8 elements) of the lane at kKW words from w * kKW: an FP8 row has twice the
+    // bytes of an NVFP4 one, in the same element order (byte offsets times kKW).
+    uint32_t w0[kWords * kKW], w1[kWords * kKW];
     if constexpr (kD == 64) {
-      load_words<8>(st + r0.x + word_offset<kD>(c, 0), w0);
-      load_words<8>(st + r1.x + word_offset<kD>(c, 0), w1);
+      load_words<8 * kKW>(st + r0.x + kKW * word_offset<kD>(c, 0), w0);
+      load_words<8 * kKW>(st + r1.x + kKW * word_offset<kD>(c, 0), w1);
     } else {
 #pragma unroll
-      for (int k = 0; k < kWords / 4; ++k) {
-        load_words<16>(st + r0.x + word_offset<kD>(c, 4 * k), w0 + 4 * k);
-        load_words<16>(st + r1.x + word_offset<kD>(c, 4 * k), w1 + 4 * k);
-      }
+      for (int k = 0; k < kWords / 4; ++k)
+#pragma unroll
+        for (int h = 0; h < kKW; ++h) {
+          load_words<16>(st + r0.x + kKW * word_offset<kD>(c, 4 * k) + 16 * h, w0 + kKW * 4 * k + 4 * h);
+          load_words<16>(st + r1.x + kKW * word_offset<kD>(c, 4 * k) + 16 * h, w1 + kKW * 4 * k + 4 * h);
+        }
     }
     // Both rows' scales of a group in one conversion; each product takes its half
     // by the HMUL2 operand select (.H0_H0 / .H1_H1), at no cost.
     uint32_t sc[kKGroups];  // (token g's scale, token g + 8's) per group
+    if constexpr (KFormat::kBlockScales)
 #pragma unroll
-    for (int k = 0; k < kKGroups; ++k) sc[k] = Format::scale_pair2(st[r0.y + ln.kscol[k]], st[r1.y + ln.kscol[k]]);
+      for (int k = 0; k < kKGroups; ++k) sc[k] = KFormat::scale_pair2(st[r0.y + ln.kscol[k]], st[r1.y + ln.kscol[k]]);
 #pragma unroll
     for (int w = 0; w < kWords; ++w) {
       uint32_t a[4], b[4];
-      Format::place(w0[w], a);
-      Format::place(w1[w], b);
+      KFormat::place8(w0 + kKW * w, a);
+      KFormat::place8(w1 + kKW * w, b);
+      if constexpr (KFormat::kBlockScales)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) a[k] = attention::hmul2_lo(a[k], sc[w / 2]), b[k] = attention::hmul2_hi(b[k], sc[w / 2]);
+        for (int k = 0; k < 4; ++k) a[k] = attention::hmul2_lo(a[k], sc[w / 2]), b[k] = attention::hmul2_hi(b[k], sc[w / 2]);
 #pragma unroll
       for (int u = 0; u < 2; ++u)
 #pragma unroll
@@ -475,34 +496,47 @@ struct DecodeBlock {
     const int g = ln.g, c = ln.c;
     const int t0 = first + 2 * c;
     const uint2 r[4] = {s.vrow[t0], s.vrow[t0 + 1], s.vrow[t0 + 8], s.vrow[t0 + 9]};
-    uint32_t dw[4][kVWords];
+    // The lane's kE elements of a token: kE / 2 bytes of NVFP4, kE of FP8 (two loads at D 256).
+    constexpr int kRowBytes = kE / 2 * kVW;
+    uint32_t dw[4][kVWords * kVW];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) load_words<kE / 2>(st + r[k].x + g * (kE / 2), dw[k]);
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+      for (int h = 0; h < (kRowBytes + 15) / 16; ++h)
+        load_words<(kRowBytes < 16 ? kRowBytes : 16)>(st + r[k].x + g * kRowBytes + 16 * h, dw[k] + 4 * h);
     bool live[4] = {true, true, true, true};
     if (!full) {
       live[0] = token_valid(t0, mk), live[1] = token_valid(t0 + 1, mk);
       live[2] = token_valid(t0 + 8, mk), live[3] = token_valid(t0 + 9, mk);
     }
-    uint32_t sp[2][kVGroups];  // block scales of (2c, 2c + 1) and (2c + 8, 2c + 9); 0 for tokens that do not count
+    // Tokens that do not count contribute zeros (their P is 0, but their bytes may be
+    // anything, NaN included): NVFP4 by a zero block scale, FP8 by zero data words.
+    uint32_t sp[2][kVGroups];  // block scales of (2c, 2c + 1) and (2c + 8, 2c + 9)
+    if constexpr (VFormat::kBlockScales) {
 #pragma unroll
-    for (int q = 0; q < kVGroups; ++q) {
-      uint32_t b[4];
+      for (int q = 0; q < kVGroups; ++q) {
+        uint32_t b[4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) b[k] = live[k] ? uint32_t(st[r[k].y + ln.vscol[q]]) : 0u;
-      sp[0][q] = Format::scale_pair2(b[0], b[1]);
-      sp[1][q] = Format::scale_pair2(b[2], b[3]);
+        for (int k = 0; k < 4; ++k) b[k] = live[k] ? uint32_t(st[r[k].y + ln.vscol[q]]) : 0u;
+        sp[0][q] = VFormat::scale_pair2(b[0], b[1]);
+        sp[1][q] = VFormat::scale_pair2(b[2], b[3]);
+      }
+    } else if (!full) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int i = 0; i < kVWords * kVW; ++i) dw[k][i] = live[k] ? dw[k][i] : 0u;
     }
 #pragma unroll
     for (int j = 0; j < kVWords; ++j) {  // elements 8j .. 8j + 7 of the lane's
       uint32_t A[2][4], B[2][4];  // element 8j + 4h + k of (2c, 2c + 1) and of (2c + 8, 2c + 9)
-      Format::place(__byte_perm(dw[0][j], dw[1][j], 0x5410), A[0]);
-      Format::place(__byte_perm(dw[0][j], dw[1][j], 0x7632), A[1]);
-      Format::place(__byte_perm(dw[2][j], dw[3][j], 0x5410), B[0]);
-      Format::place(__byte_perm(dw[2][j], dw[3][j], 0x7632), B[1]);
+      VFormat::place_pairs(dw[0] + kVW * j, dw[1] + kVW * j, A);
+      VFormat::place_pairs(dw[2] + kVW * j, dw[3] + kVW * j, B);
+      if constexpr (VFormat::kBlockScales)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) A[h][k] = hmul2(A[h][k], sp[0][j / 2]), B[h][k] = hmul2(B[h][k], sp[1][j / 2]);
+          for (int k = 0; k < 4; ++k) A[h][k] = hmul2(A[h][k], sp[0][j / 2]), B[h][k] = hmul2(B[h][k], sp[1][j / 2]);
 #pragma unroll
       for (int i = 0; i < 4; ++i)  // tile 4j + i: elements 8j + 2i (row g) and 8j + 2i + 1 (row g + 8)
 #pragma unroll
@@ -615,10 +649,10 @@ __device__ void poison_rows(const DecodeParams& p, const DecodeThread& th, int64
   }
 }
 
-template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Format>
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Formats>
 __device__ void decode_device(const DecodeParams& p, char* smem_raw, const DecodeThread& th) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Block = DecodeBlock<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Format>;
+  using Block = DecodeBlock<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Formats>;
   constexpr int kNT = Block::kNT, kMTiles = Block::kMTiles, kE = Block::kE;
   const DecodeGeometry& g = p.geometry;
   const DecodeArgs& a = p.args;
@@ -808,7 +842,7 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
   const bool poisoned = !scales_ok || span.bad_length || s.flags[0] != 0;
   const int group = g.group;
   const float nan = attention::quiet_nan();
-  const float out_scale = Block::Format::kUndo * vgs;  // undo the placement's 2^-14; V's global scale
+  const float out_scale = Block::VFormat::kUndo * vgs;  // undo V's placement (NVFP4: 2^-14); V's global scale
   // The combined O at (row, col), with the row's maximum and sum. Without the format's steps
   // every element rebases its row's parts itself (the row pass below and its barrier cost
   // plain caches about 1 % at D 64 and 128, run 66).
@@ -940,21 +974,21 @@ __device__ void decode_device(const DecodeParams& p, char* smem_raw, const Decod
 // The registers by __launch_bounds__: 96 for two blocks of 9 warps per SM (registers
 // are allocated for warps in pairs, so 112 with __maxnreg__ left one block per SM
 // and 220 at D 256 / group 16 could not launch: run 32).
-template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Format>
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Formats>
 __global__ void __launch_bounds__(kThreads, decode_blocks_per_sm(kD, kGroupRows)) decode_kernel(const __grid_constant__ DecodeParams p) {
 #if NVFP4KV_KERNEL_ARCH_SUPPORTED
   extern __shared__ __align__(128) char smem[];
   const DecodeThread th{int(threadIdx.x), int(threadIdx.x) / 32, int(threadIdx.x) % 32, int64_t(blockIdx.x),
                         int64_t(blockIdx.y), int64_t(blockIdx.z)};
-  decode_device<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Format>(p, smem, th);
+  decode_device<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Formats>(p, smem, th);
 #else
   __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
 #endif
 }
 
-template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Format>
+template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Formats>
 cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
-  const auto kernel = decode_kernel<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Format>;
+  const auto kernel = decode_kernel<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Formats>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, p.geometry.smem_bytes);
   if (e != cudaSuccess) return e;
   const dim3 grid{unsigned(p.geometry.splits), unsigned(p.layout.dims().heads), unsigned(p.args.batch.batch)};
@@ -967,26 +1001,43 @@ cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
 // standard order and this one only.
 inline bool split_codes(const LayoutView& layout) { return layout.codes().is_fp16_split(); }
 
-// Runs op.run<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Format>() for the call's rows
+// The dequantize parts of K and V (attention/dequant.cuh) as one template argument.
+template <class KFormat, class VFormat>
+struct SideFormats {
+  using K = KFormat;
+  using V = VFormat;
+};
+
+// Runs op.run<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Formats>() for the call's rows
 // (decode_instance_rows), type, soft-cap, route, format steps (p.format_steps, the layout's
-// format as the planner saw it) and code order at head dim kD; the short-query route has
-// instances of 16 rows only.
+// format as the planner saw it), element formats and code order at head dim kD; the
+// short-query route has instances of 16 rows only.
 template <int kD, typename Op>
 cudaError_t dispatch_dim(const DecodeParams& p, const Op& op) {
   const bool split = split_codes(p.layout);
   return NVFP4KV_DISPATCH_HALF_TYPE(p.args.q_type, kType, [&] {
     return NVFP4KV_DISPATCH_SOFTCAP(p.args.softcap > 0, kSoftcap, [&] {
-      const auto with = [&](auto format, auto steps) {
-        using Format = decltype(format);
+      const auto with = [&](auto formats, auto steps) {
+        using Formats = decltype(formats);
         constexpr bool kSteps = decltype(steps)::value;
-        if (p.geometry.queries > 1) return op.template run<kD, 16, kType, kSoftcap, true, kSteps, Format>();
+        if (p.geometry.queries > 1) return op.template run<kD, 16, kType, kSoftcap, true, kSteps, Formats>();
         return NVFP4KV_DISPATCH_GROUP_ROWS(decode_instance_rows(p.geometry), kGroupRows, [&] {
-          return op.template run<kD, kGroupRows, kType, kSoftcap, false, kSteps, Format>();
+          return op.template run<kD, kGroupRows, kType, kSoftcap, false, kSteps, Formats>();
         });
       };
-      if (p.format_steps)
-        return split ? with(attention::Nvfp4Fp16Split{}, std::true_type{}) : with(attention::Nvfp4Fp16{}, std::true_type{});
-      return split ? with(attention::Nvfp4Fp16Split{}, std::false_type{}) : with(attention::Nvfp4Fp16{}, std::false_type{});
+      const auto with_steps = [&](auto formats) {
+        return p.format_steps ? with(formats, std::true_type{}) : with(formats, std::false_type{});
+      };
+      // Each side's element format; an NVFP4 side in the layout's code order. A layout that
+      // holds FP8 has instances with the steps only (the API sets format_steps for it) and,
+      // beside NVFP4, for the fp16-split order only (the native layouts'; the API refuses
+      // the other before a launch).
+      using attention::Fp8E4m3Fp16, attention::Nvfp4Fp16, attention::Nvfp4Fp16Split;
+      const CacheDims& d = p.layout.dims();
+      if (d.fp8(Side::kK) && d.fp8(Side::kV)) return with(SideFormats<Fp8E4m3Fp16, Fp8E4m3Fp16>{}, std::true_type{});
+      if (d.fp8(Side::kK)) return with(SideFormats<Fp8E4m3Fp16, Nvfp4Fp16Split>{}, std::true_type{});
+      if (d.fp8(Side::kV)) return with(SideFormats<Nvfp4Fp16Split, Fp8E4m3Fp16>{}, std::true_type{});
+      return split ? with_steps(SideFormats<Nvfp4Fp16Split, Nvfp4Fp16Split>{}) : with_steps(SideFormats<Nvfp4Fp16, Nvfp4Fp16>{});
     });
   });
 }
@@ -994,9 +1045,9 @@ cudaError_t dispatch_dim(const DecodeParams& p, const Op& op) {
 struct LaunchOp {
   const DecodeParams& p;
   cudaStream_t stream;
-  template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Format>
+  template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Formats>
   cudaError_t run() const {
-    return launch<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Format>(p, stream);
+    return launch<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Formats>(p, stream);
   }
 };
 
@@ -1004,9 +1055,9 @@ struct LaunchOp {
 struct OccupancyOp {
   const DecodeGeometry& g;
   int* per_sm;
-  template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Format>
+  template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Formats>
   cudaError_t run() const {
-    const auto kernel = decode_kernel<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Format>;
+    const auto kernel = decode_kernel<kD, kGroupRows, kType, kSoftcap, kShort, kSteps, Formats>;
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g.smem_bytes);
     if (e != cudaSuccess) return e;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, kThreads, g.smem_bytes);
