@@ -12,9 +12,11 @@
 #   NVFP4KV_PLAIN_DECODE ("--batch 1,16,128 --context 2048,32768"),
 #   NVFP4KV_PLAIN_PREFILL ("--batch 1 --prompt 8192 --head-dim 64,128,256"),
 #   NVFP4KV_TRANSFORMS (plain and every transform, comma-separated; each runs as its own process),
+#   NVFP4KV_DECODE_TRANSFORMS (decode's, NVFP4KV_TRANSFORMS; decode alone takes fp8-k, fp8-v),
 #   NVFP4KV_TRANSFORM_DECODE ("--batch 1,16 --context 32768,131072 --head-dim 64,128"),
 #   NVFP4KV_TRANSFORM_PREFILL ("--batch 1 --prompt 8192 --head-dim 64,128,256"),
-#   NVFP4KV_TARGETS (this tree's build targets, all), NVFP4KV_GTEST_FILTER (the GPU tests to run, all), NVFP4KV_NCU_PREFILL (transforms to profile
+#   NVFP4KV_TARGETS (this tree's build targets, all), NVFP4KV_GTEST_FILTER (the GPU tests to run, all),
+#   NVFP4KV_MEMCHECK_FILTER (the tests under memcheck, the format tests), NVFP4KV_NCU_PREFILL (transforms to profile
 #   one prefill launch of with Nsight Compute, none; last, only if the script has run fewer
 #   seconds than NVFP4KV_NCU_BEFORE_S, 480: the lent machine stops a call at 600 s).
 # The device machine has no package manager: .carry/ holds GoogleTest and the nlohmann headers
@@ -33,6 +35,7 @@ all_transforms=plain,rotate-k,rotate-v,smooth-k,rotate-k+rotate-v+smooth-k
 plain_decode=${NVFP4KV_PLAIN_DECODE-"--batch 1,16,128 --context 2048,32768"}
 plain_prefill=${NVFP4KV_PLAIN_PREFILL-"--batch 1 --prompt 8192 --head-dim 64,128,256"}
 transforms=${NVFP4KV_TRANSFORMS-$all_transforms}
+decode_transforms=${NVFP4KV_DECODE_TRANSFORMS-$transforms}
 transform_decode=${NVFP4KV_TRANSFORM_DECODE-"--batch 1,16 --context 32768,131072 --head-dim 64,128"}
 transform_prefill=${NVFP4KV_TRANSFORM_PREFILL-"--batch 1 --prompt 8192 --head-dim 64,128,256"}
 
@@ -62,7 +65,7 @@ timeout 240 build/gpu/tests/nvfp4kv_gpu_tests --gtest_filter="${NVFP4KV_GTEST_FI
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure|read as plain" "$LOGS/gpu_tests.log" | head -40
 
 step "memcheck and racecheck: the format tests"
-filter='GpuDecode.FormatTransforms*:GpuPrefill.FormatTransforms*:Gpu.StoreAndGatherTakeEveryFormat:GpuDecode.OptionsMatch*:GpuDecode.SplitSequences*'
+filter=${NVFP4KV_MEMCHECK_FILTER:-'GpuDecode.FormatTransforms*:GpuPrefill.FormatTransforms*:Gpu.StoreAndGatherTakeEveryFormat:GpuDecode.OptionsMatch*:GpuDecode.SplitSequences*'}
 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
   --gtest_filter="$filter" > "$LOGS/memcheck.log" 2>&1; echo "memcheck rc $?"; tail -2 "$LOGS/memcheck.log"
 timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
@@ -85,14 +88,16 @@ if [ -n "$plain_decode$plain_prefill" ]; then
   grep -v '^{' "$OUT/plain.jsonl" | head -5
 fi
 
-if [ -n "$transforms" ] && [ -n "$transform_decode$transform_prefill" ]; then
+if [ -n "$transforms$decode_transforms" ] && [ -n "$transform_decode$transform_prefill" ]; then
   step "each transform beside plain NVFP4, a process per transform and tree, alternating"
   for rep in $(seq "${NVFP4KV_TRANSFORM_REPS:-2}"); do
     for kernel in decode prefill; do
       grid=$transform_decode
       [ $kernel = prefill ] && grid=$transform_prefill
       [ -z "$grid" ] && continue
-      for t in ${transforms//,/ }; do
+      list=$transforms
+      [ $kernel = decode ] && list=$decode_transforms
+      for t in ${list//,/ }; do
         for i in "${!trees[@]}"; do
           # A tree whose CLI predates --transform times plain only.
           [ "$t" != plain ] && ! "${trees[$i]}" bench $kernel --help | grep -q -- --transform && continue

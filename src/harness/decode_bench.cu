@@ -123,8 +123,11 @@ double read_ceiling_tbs() {
 
 ValidLayout bench_layout(const std::string& layout, const std::string& transform, int64_t pages,
                          int64_t tokens_per_page, int64_t kv_heads, int64_t head_dim) {
-  const ValidLayout plain = validate(instantiate(load_spec(layout), {1, pages, tokens_per_page, kv_heads, head_dim}));
-  return with_format(plain, transform_format(transform, kv_heads, head_dim, 7));
+  const CacheFormat format = transform_format(transform, kv_heads, head_dim, 7);
+  const LayerFormat one = format.layer(0);  // the elements (FP8 words) shape the layout
+  const ValidLayout plain = validate(
+      instantiate(load_spec(layout), {1, pages, tokens_per_page, kv_heads, head_dim, one.k.element, one.v.element}));
+  return with_format(plain, format);
 }
 
 DecodeBenchResult bench_decode(const DecodeBenchShape& s) {
@@ -136,7 +139,7 @@ DecodeBenchResult bench_decode(const DecodeBenchShape& s) {
   // The pool: the batch's pages, copied often enough to pass 256 MB (the L2 is 60 MB).
   const int64_t entries = (s.context + s.tokens_per_page - 1) / s.tokens_per_page;
   const int64_t pages = s.batch * entries;
-  const double page_bytes = double(s.tokens_per_page) * s.kv_heads * 2 * (s.head_dim / 2 + s.head_dim / 16);
+  const double page_bytes = double(s.tokens_per_page) * s.kv_heads * shape_layout(s, 1).layout().dims.row_bytes();
   const int64_t copies = std::max<int64_t>(1, std::min<int64_t>(16, int64_t(std::ceil(256e6 / (page_bytes * pages)))));
   const ValidLayout v = shape_layout(s, pages * copies);
   const Layout& l = v.layout();
@@ -196,7 +199,7 @@ DecodeBenchResult bench_decode(const DecodeBenchShape& s) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
-  r.cache_bytes = double(s.batch) * s.context * s.kv_heads * 2 * (s.head_dim / 2 + s.head_dim / 16);
+  r.cache_bytes = double(s.batch) * s.context * s.kv_heads * l.dims.row_bytes();
   r.tbs = r.cache_bytes / (r.ms * 1e-3) / 1e12;
   r.splits = plan.splits;
   r.dense = plan.dense_planes;
