@@ -68,8 +68,10 @@ __device__ __noinline__ SpreadRow<kD> rotated_spread_row(SpreadRow<kD> r, int n,
 // for a padding row, all zeros), applies the format's query transform (t; q . mu
 // into *q_dot_mean on every lane when t.mean is given), writes the prescaled row by
 // put(column, value) (kD halves, columns past `dim` zero) and returns the row's
-// logit multiplier (every lane).
-template <int kD, ElementType kType, typename Format, typename Put>
+// logit multiplier (every lane). kInlineRotation: K's rotation in the caller's body
+// instead of the out-of-line call (a call saves and restores registers through local
+// memory, which a kernel whose shared memory takes nearly all of L1 pays in L2 round trips).
+template <int kD, ElementType kType, typename Format, bool kInlineRotation = false, typename Put>
 __device__ __forceinline__ float prescale_query_row_to(const uint16_t* row, int64_t dim, int lane, Put put,
                                                        float logit_scale, QueryTransform t = {},
                                                        float* q_dot_mean = nullptr) {
@@ -98,12 +100,16 @@ __device__ __forceinline__ float prescale_query_row_to(const uint16_t* row, int6
     if (q_dot_mean) *q_dot_mean = dot;
   }
   if (t.rotation > 0) {
-    SpreadRow<kD> r;
+    if constexpr (kInlineRotation) {
+      rotate_spread_row<kD>(v, t.rotation, lane);
+    } else {
+      SpreadRow<kD> r;
 #pragma unroll
-    for (int k = 0; k < kD / 32; ++k) r.v[k] = v[k];
-    r = rotated_spread_row<kD>(r, t.rotation, lane);
+      for (int k = 0; k < kD / 32; ++k) r.v[k] = v[k];
+      r = rotated_spread_row<kD>(r, t.rotation, lane);
 #pragma unroll
-    for (int k = 0; k < kD / 32; ++k) v[k] = r.v[k];
+      for (int k = 0; k < kD / 32; ++k) v[k] = r.v[k];
+    }
   }
 #pragma unroll
   for (int k = 0; k < kD / 32; ++k) amax = fmaxf(amax, fabsf(v[k]));
@@ -117,11 +123,11 @@ __device__ __forceinline__ float prescale_query_row_to(const uint16_t* row, int6
 }
 
 // The same into a contiguous row `to`.
-template <int kD, ElementType kType, typename Format>
+template <int kD, ElementType kType, typename Format, bool kInlineRotation = false>
 __device__ __forceinline__ float prescale_query_row(const uint16_t* row, int64_t dim, int lane, __half* to,
                                                     float logit_scale, QueryTransform t = {},
                                                     float* q_dot_mean = nullptr) {
-  return prescale_query_row_to<kD, kType, Format>(
+  return prescale_query_row_to<kD, kType, Format, kInlineRotation>(
       row, dim, lane, [to](int col, __half v) { to[col] = v; }, logit_scale, t, q_dot_mean);
 }
 

@@ -263,17 +263,19 @@ __device__ void load_query(const PrefillParams& p, const Smem<kD>& s, const Bloc
   for (int r = b.warp; r < kRows; r += kConsumerWarps) {
     const int64_t token = b.row0 + b.i0 + r / group, head = b.kv_head * group + r % group;
     const uint16_t* const row = r < b.rows ? static_cast<const uint16_t*>(a.q) + token * stride + head * dim : nullptr;
-    // The format's query step: K's rotation applied to the row, q . mu for K's smoothing
-    // (none in the instances without the steps).
+    // The format's query step: K's rotation applied to the row (inline: an out-of-line call
+    // saves and restores registers through local memory, which beside the ring lives in L2;
+    // run 66 measured rotate-k 6 % slower than smooth-k at 1 x 8K D 128 with the call), q . mu
+    // for K's smoothing (none in the instances without the steps).
     const QueryTransform t = kSteps ? QueryTransform{p.format.k.rotation, p.format.k.mean_row(b.kv_head, dim)} : QueryTransform{};
     float scale, q_mu = 0;
     if constexpr (kWgmmaTiles<kD>) {
       char* const q = reinterpret_cast<char*>(s.q);
-      scale = prescale_query_row_to<kD, kType, Format>(
+      scale = prescale_query_row_to<kD, kType, Format, true>(
           row, dim, b.lane, [q, r](int col, __half v) { *reinterpret_cast<__half*>(q + swizzled_offset(kRows, r, col)) = v; },
           a.softmax_scale * k_global_scale, t, &q_mu);
     } else {
-      scale = prescale_query_row<kD, kType, Format>(row, dim, b.lane, s.q + r * Smem<kD>::kStride,
+      scale = prescale_query_row<kD, kType, Format, true>(row, dim, b.lane, s.q + r * Smem<kD>::kStride,
                                                     a.softmax_scale * k_global_scale, t, &q_mu);
     }
     if (b.lane == 0) {
@@ -576,7 +578,9 @@ __device__ __forceinline__ void unrotate_o(float (&o)[kD / 8][4], int n_rot, int
       const float u = o[dn][2 * h], w = o[dn][2 * h + 1];
       o[dn][2 * h] = u + w, o[dn][2 * h + 1] = u - w;
     }
-  for (int span = 2; span < n_rot && span < 8; span *= 2) {
+#pragma unroll
+  for (int span = 2; span < 8; span *= 2) {
+    if (span >= n_rot) break;
     const bool high = (c & (span / 2)) != 0;
 #pragma unroll
     for (int dn = 0; dn < kD / 8; ++dn)
@@ -605,7 +609,7 @@ __device__ __forceinline__ void unrotate_o(float (&o)[kD / 8][4], int n_rot, int
     for (int k = 0; k < 4; ++k) o[dn][k] *= norm;
 }
 
-// The same out of line and by value, as the kernel calls it: inline, the butterflies over
+// The same out of line and by value, as the kernel calls it at D 256: inline, the butterflies over
 // every accumulator raised ptxas' spills (D 256: 612 to 928 bytes, sm_90a); by value the
 // caller's accumulators keep their registers (their address is never taken).
 template <int kD>
@@ -807,18 +811,25 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
     if (++slot == stages) slot = 0, phase ^= 1;
   }
 
-  // V's rotation undone on O, once per row.
+  // V's rotation undone on O, once per row: in place at D <= 128 (out of line by value, the
+  // argument and result went through local memory, which beside the ring's shared memory
+  // lives in L2: run 66 measured 15 % more elapsed cycles and 2.5x the L2 traffic at 1 x 8K,
+  // D 128), out of line at D 256 (inline there it spilled more).
   if (const int n_rot = kSteps ? p.format.v.rotation : 0; n_rot > 0) {
-    OTile<kD> t;
+    if constexpr (kD <= 128) {
+      unrotate_o<kD>(st.o, n_rot, c);
+    } else {
+      OTile<kD> t;
 #pragma unroll
-    for (int dn = 0; dn < kD / 8; ++dn)
+      for (int dn = 0; dn < kD / 8; ++dn)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) t.o[dn][k] = st.o[dn][k];
-    t = unrotated<kD>(t, n_rot, c);
+        for (int k = 0; k < 4; ++k) t.o[dn][k] = st.o[dn][k];
+      t = unrotated<kD>(t, n_rot, c);
 #pragma unroll
-    for (int dn = 0; dn < kD / 8; ++dn)
+      for (int dn = 0; dn < kD / 8; ++dn)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) st.o[dn][k] = t.o[dn][k];
+        for (int k = 0; k < 4; ++k) st.o[dn][k] = t.o[dn][k];
+    }
   }
   // The rows' totals (the sink joins the denominator), then O / total in the output type.
   const float out_scale = Format::kUndo * vgs;
