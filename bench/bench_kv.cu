@@ -171,61 +171,7 @@ void bench_gather(const char* preset, int64_t tokens, uint64_t seed) {
   add("gather " + std::to_string(tokens) + " tok x 8 heads x D128 -> bf16, " + preset, ms, row_bytes(c) + cache_bytes(c));
 }
 
-void bench_decode_store(int64_t tokens) {
-  Case c = make_case("nvfp4kv-native", 65536, 8, 128, 77);
-  const StoreArgs a = c.store_args(tokens, ScaleRule::kStandard);
-  const CacheBuffers b = c.cache->view();
-  // One launch per step: graph-captured 100 steps, time per step.
-  cudaStream_t s;
-  NVFP4KV_CUDA_CHECK(cudaStreamCreate(&s));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  NVFP4KV_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < 100; ++i) require(store(c.layout, b, a, s));
-  NVFP4KV_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  NVFP4KV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  const float ms = median_ms([&] { NVFP4KV_CUDA_CHECK(cudaGraphLaunch(exec, s)); NVFP4KV_CUDA_CHECK(cudaStreamSynchronize(s)); }) / 100;
-  const float eager = median_ms([&] { require(store(c.layout, b, a, nullptr)); });
-  c.tokens = tokens;
-  add("decode-step store, " + std::to_string(tokens) + " tok (1 launch), graph replay", ms, row_bytes(c) + cache_bytes(c));
-  add("decode-step store, " + std::to_string(tokens) + " tok (1 launch), eager + event", eager, row_bytes(c) + cache_bytes(c));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(s);
-}
-
-// Store, gather and the decode-step store for each cache format beside plain NVFP4, at one
-// head dim: what a format costs the writer and the reader (issue 23: store within 5 % of
-// plain). Every case is checked against the CPU reference before it is timed.
-struct FormatCase {
-  const char* name;
-  ElementFormat k_element, v_element;
-  const char* transform;  // harness::transform_format's words
-  ScaleRule k_rule;
-};
-constexpr FormatCase kFormatCases[] = {
-    {"plain", ElementFormat::kNvfp4, ElementFormat::kNvfp4, "plain", ScaleRule::kStandard},
-    {"rotate-k", ElementFormat::kNvfp4, ElementFormat::kNvfp4, "rotate-k", ScaleRule::kStandard},
-    {"rotate-v", ElementFormat::kNvfp4, ElementFormat::kNvfp4, "rotate-v", ScaleRule::kStandard},
-    {"smooth-k", ElementFormat::kNvfp4, ElementFormat::kNvfp4, "smooth-k", ScaleRule::kStandard},
-    {"rotate-k+rotate-v+smooth-k", ElementFormat::kNvfp4, ElementFormat::kNvfp4, "rotate-k+rotate-v+smooth-k",
-     ScaleRule::kStandard},
-    {"K 4over6, V standard", ElementFormat::kNvfp4, ElementFormat::kNvfp4, "plain", ScaleRule::kFourOverSix},
-    {"K fp8, V nvfp4", ElementFormat::kFp8E4M3, ElementFormat::kNvfp4, "plain", ScaleRule::kStandard},
-    {"K fp8, V fp8", ElementFormat::kFp8E4M3, ElementFormat::kFp8E4M3, "plain", ScaleRule::kStandard},
-};
-
-ValidLayout format_layout(const FormatCase& f, int64_t pages, int64_t heads, int64_t dim) {
-  DimsOverride o{1, pages, 16, heads, dim};
-  o.k_element = f.k_element, o.v_element = f.v_element;
-  const ValidLayout plain = validate(instantiate(preset_spec("nvfp4kv-native"), o));
-  CacheFormat format = harness::transform_format(f.transform, heads, dim, 7);
-  if (format.layers.empty()) format.layers.resize(1);
-  format.layers[0].k.element = f.k_element, format.layers[0].v.element = f.v_element;
-  format.layers[0].k.rule = f.k_rule;
-  return with_format(plain, std::move(format));
-}
-
+// One store launch per decode step: 100 steps captured in a graph, the time per step.
 float graph_step_ms(const Case& c, const StoreArgs& a) {
   const CacheBuffers b = c.cache->view();
   cudaStream_t s;
@@ -244,11 +190,50 @@ float graph_step_ms(const Case& c, const StoreArgs& a) {
   return ms;
 }
 
+void bench_decode_store(int64_t tokens) {
+  Case c = make_case("nvfp4kv-native", 65536, 8, 128, 77);
+  const StoreArgs a = c.store_args(tokens, ScaleRule::kStandard);
+  const CacheBuffers b = c.cache->view();
+  const float ms = graph_step_ms(c, a);
+  const float eager = median_ms([&] { require(store(c.layout, b, a, nullptr)); });
+  c.tokens = tokens;
+  add("decode-step store, " + std::to_string(tokens) + " tok (1 launch), graph replay", ms, row_bytes(c) + cache_bytes(c));
+  add("decode-step store, " + std::to_string(tokens) + " tok (1 launch), eager + event", eager, row_bytes(c) + cache_bytes(c));
+}
+
+// Store, gather and the decode-step store for each cache format beside plain NVFP4, at one
+// head dim: what a format costs the writer and the reader (issue 23: store within 5 % of
+// plain). Every case is checked against the CPU reference before it is timed.
+struct FormatCase {
+  const char* transform;  // harness::transform_format's words (bench_layout makes the layout hold them)
+  ScaleRule k_rule;
+};
+constexpr FormatCase kFormatCases[] = {
+    {"plain", ScaleRule::kStandard},         {"rotate-k", ScaleRule::kStandard},
+    {"rotate-v", ScaleRule::kStandard},      {"smooth-k", ScaleRule::kStandard},
+    {"rotate-k+rotate-v+smooth-k", ScaleRule::kStandard},
+    {"plain", ScaleRule::kFourOverSix},  // K 4over6, V standard: the rules differ, the row kernel
+    {"fp8-k", ScaleRule::kStandard},         {"fp8-k+fp8-v", ScaleRule::kStandard},
+};
+
+ValidLayout format_layout(const FormatCase& f, int64_t pages, int64_t heads, int64_t dim) {
+  const ValidLayout v = harness::bench_layout("nvfp4kv-native", f.transform, pages, 16, heads, dim);
+  CacheFormat format = v.format();
+  if (format.layers.empty()) format.layers.resize(1);
+  format.layers[0].k.rule = f.k_rule;
+  return with_format(v, std::move(format));
+}
+
+std::string format_name(const FormatCase& f) {
+  return std::string(f.transform) + (f.k_rule == ScaleRule::kFourOverSix ? ", K 4over6" : "");
+}
+
 void bench_formats(int64_t dim) {
   const int64_t tokens = 65536, heads = 8, pages = tokens / 16 + 8;
   float plain[3] = {0, 0, 0};
   for (const FormatCase& f : kFormatCases) {
-    Case c = make_case(format_layout(f, pages, heads, dim), tokens, 11, f.name);
+    const std::string name = format_name(f);
+    Case c = make_case(format_layout(f, pages, heads, dim), tokens, 11, name);
     const CacheBuffers b = c.cache->view();
     const StoreArgs a = c.store_args(tokens, ScaleRule::kStandard);
     GatherArgs g;
@@ -263,14 +248,14 @@ void bench_formats(int64_t dim) {
                          median_ms([&] { require(gather(c.layout, b, g, nullptr)); }),
                          graph_step_ms(c, c.store_args(64, ScaleRule::kStandard))};
     if (&f == &kFormatCases[0]) std::copy(ms, ms + 3, plain);
-    const std::string shape = std::to_string(tokens) + " tok x 8 heads x D" + std::to_string(dim) + ", " + f.name;
+    const std::string shape = std::to_string(tokens) + " tok x 8 heads x D" + std::to_string(dim) + ", " + name;
     const double moved = row_bytes(c) + cache_bytes(c);
     add("format store " + shape, ms[0], moved);
     rows.back().vs_plain = ms[0] / plain[0];
     add("format gather " + shape, ms[1], moved);
     rows.back().vs_plain = ms[1] / plain[1];
     c.tokens = 64;
-    add("format decode-step store, 64 tok, graph replay, D" + std::to_string(dim) + ", " + f.name, ms[2],
+    add("format decode-step store, 64 tok, graph replay, D" + std::to_string(dim) + ", " + name, ms[2],
         row_bytes(c) + cache_bytes(c));
     rows.back().vs_plain = ms[2] / plain[2];
   }
