@@ -133,7 +133,8 @@ def with_format(layout: Union[Layout, ValidLayout, Plan], format: Any) -> ValidL
     C order), its JSON text, or a path to a file holding it. Checked against the layout's sizes;
     a bad field raises LayoutError naming it. A Cache over the result stores and reads through
     the format (the CPU reference implements every format; on CUDA store and gather take every
-    format, decode and attention every NVFP4 one, and FP8 pages there are refused by name)."""
+    format and decode every one; prefill and mixed attention every NVFP4 one, FP8 pages there
+    refused by name)."""
     import json as _json
     valid = check(layout)
     if isinstance(format, dict):

@@ -95,7 +95,8 @@ inline Result layer_format_view(const ValidLayout& layout, int64_t layer, const 
 // standard order and take any.
 inline Result code_order_checks(const ValidLayout& layout, const char* who) {
   const CodeOrder& codes = layout.layout().codes;
-  if (codes.is_standard() || codes.is_fp16_split()) return {};
+  const CacheDims& d = layout.layout().dims;
+  if (codes.is_standard() || codes.is_fp16_split() || (d.fp8(Side::kK) && d.fp8(Side::kV))) return {};  // FP8 only: no codes
   return {Status::kUnsupported, std::string(who) + ": layout " + quote_text(layout.layout().name) +
                                     " keeps a data byte's codes in the " + code_order_text(codes) +
                                     " order; decode attention reads the standard and fp16-split orders only so far "

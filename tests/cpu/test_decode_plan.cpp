@@ -198,6 +198,26 @@ TEST(DecodePlan, Fp8SidesHaveRowsOfDBytesAndNoScalePlane) {
     // Twice K's bytes: fewer stages in flight at most, never more.
     EXPECT_LE(both.stages, plan({.head_dim = d}).stages);
   }
+  // The other copy paths with an FP8 side: K's NVFP4 scale rows of 8 bytes (1 token a page)
+  // make tensor copies, V's FP8 rows as wide as the copy engine takes them (16-byte multiples);
+  // 3 tokens a page make row copies.
+  const DecodeGeometry tensor = plan({.tokens_per_page = 1, .v_element = kFp8});
+  EXPECT_TRUE(tensor.tensor_rows);
+  EXPECT_EQ(tensor.row_pitch[int(Region::kVData)], 128);
+  EXPECT_EQ(tensor.row_pitch[int(Region::kVScale)], 0);
+  for (int ri = 0; ri < kRegionCount; ++ri) EXPECT_EQ(tensor.plane_offset[ri] % 128, 0);
+  const DecodeGeometry rows = plan({.tokens_per_page = 3, .k_element = kFp8});
+  EXPECT_FALSE(rows.dense);
+  EXPECT_FALSE(rows.tensor_rows);
+  EXPECT_EQ(rows.row_pitch[int(Region::kKData)], 128);
+  // Two stages of whole pages must fit: at D 256 and 256 tokens a page both sides in FP8 take
+  // 128 KiB a page, and the shape is refused by name (NVFP4 there: 72 KiB, planned).
+  std::string why;
+  plan({.tokens_per_page = 256, .head_dim = 256, .k_element = kFp8, .v_element = kFp8}, &why);
+  EXPECT_NE(why.find("shared memory"), std::string::npos) << why;
+  why.clear();
+  plan({.tokens_per_page = 256, .head_dim = 256}, &why);
+  EXPECT_EQ(why, "");
   // The padded path copies an FP8 row of the layout's D into a row of the instance's.
   const DecodeGeometry padded = plan({.head_dim = 80, .k_element = kFp8});
   EXPECT_FALSE(padded.dense);
