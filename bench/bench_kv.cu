@@ -92,6 +92,19 @@ struct Case {
     a.k_mean = layout.format().has_k_mean() ? mean->get() : nullptr;
     return a;
   }
+
+  // Gathers the one sequence the store wrote, to bf16 rows.
+  GatherArgs gather_args() const {
+    GatherArgs g;
+    g.batch = {.block_table = table->get(), .block_table_stride = int64_t(table->size()), .cu_seqlens = cu->get(),
+               .batch = 1};
+    g.k_global_scale = scales->get();
+    g.v_global_scale = scales->get() + 1;
+    g.k_out = kout->get();
+    g.v_out = vout->get();
+    g.k_mean = layout.format().has_k_mean() ? mean->get() : nullptr;
+    return g;
+  }
 };
 
 // A cache of `layout` filled by one store of `tokens` random rows into whole pages in a
@@ -159,13 +172,7 @@ void bench_store(const char* preset, int64_t tokens, ScaleRule rule, uint64_t se
 
 void bench_gather(const char* preset, int64_t tokens, uint64_t seed) {
   Case c = make_case(preset, tokens, 8, 128, seed);
-  GatherArgs g;
-  g.batch = {.block_table = c.table->get(), .block_table_stride = int64_t(c.table->size()), .cu_seqlens = c.cu->get(),
-             .batch = 1};
-  g.k_global_scale = c.scales->get();
-  g.v_global_scale = c.scales->get() + 1;
-  g.k_out = c.kout->get();
-  g.v_out = c.vout->get();
+  const GatherArgs g = c.gather_args();
   const CacheBuffers b = c.cache->view();
   const float ms = median_ms([&] { require(gather(c.layout, b, g, nullptr)); });
   add("gather " + std::to_string(tokens) + " tok x 8 heads x D128 -> bf16, " + preset, ms, row_bytes(c) + cache_bytes(c));
@@ -236,14 +243,7 @@ void bench_formats(int64_t dim) {
     Case c = make_case(format_layout(f, pages, heads, dim), tokens, 11, name);
     const CacheBuffers b = c.cache->view();
     const StoreArgs a = c.store_args(tokens, ScaleRule::kStandard);
-    GatherArgs g;
-    g.batch = {.block_table = c.table->get(), .block_table_stride = int64_t(c.table->size()), .cu_seqlens = c.cu->get(),
-               .batch = 1};
-    g.k_global_scale = c.scales->get();
-    g.v_global_scale = c.scales->get() + 1;
-    g.k_out = c.kout->get();
-    g.v_out = c.vout->get();
-    g.k_mean = a.k_mean;
+    const GatherArgs g = c.gather_args();
     const float ms[3] = {median_ms([&] { require(store(c.layout, b, a, nullptr)); }),
                          median_ms([&] { require(gather(c.layout, b, g, nullptr)); }),
                          graph_step_ms(c, c.store_args(64, ScaleRule::kStandard))};

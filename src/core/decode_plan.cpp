@@ -68,11 +68,12 @@ std::string plan_decode_geometry(const LayoutView& layout, const DecodeArgs& arg
   const int n = int(d.tokens_per_page);
   const int align = g.tensor_rows ? 128 : 16;
   const auto up = [align](int bytes) { return (bytes + align - 1) / align * align; };
+  // A row's columns as the layout's dims count them, at the instance's head dim.
+  CacheDims instance = d;
+  instance.head_dim = g.head_dim;
   int at = 0;
   for (int ri = 0; ri < kRegionCount; ++ri) {
-    const Region r = Region(ri);
-    const bool fp8 = d.fp8(side_of(r));
-    const int row = is_scale(r) ? (fp8 ? 0 : g.head_dim / 16) : (fp8 ? g.head_dim : g.head_dim / 2);
+    const int row = int(instance.columns(Region(ri)));
     g.row_pitch[ri] = g.tensor_rows && row > 0 ? tensor_row_pitch(row) : row;
     g.plane_offset[ri] = at;
     at += up(n * g.row_pitch[ri]);
