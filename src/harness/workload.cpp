@@ -117,6 +117,33 @@ std::vector<std::vector<uint8_t>> random_cache(const ValidLayout& valid, int64_t
   return bytes;
 }
 
+int64_t poison_unread_slots(const ValidLayout& valid, int64_t layer, const std::vector<int32_t>& table, int64_t stride,
+                            const std::vector<int32_t>& lengths, std::vector<std::vector<uint8_t>>& bytes) {
+  const Layout& l = valid.layout();
+  const CacheDims& d = l.dims;
+  const int64_t n = d.tokens_per_page;
+  std::vector<bool> read(size_t(d.pages * n), false);
+  for (size_t b = 0; b < lengths.size(); ++b)
+    for (int64_t t = 0; t < lengths[b]; ++t) {
+      const size_t entry = b * size_t(stride) + size_t(t / n);
+      if (entry >= table.size()) break;
+      const int64_t page = table[entry];
+      if (page >= 0 && page < d.pages) read[size_t(page * n + t % n)] = true;
+    }
+  int64_t poisoned = 0;
+  for (int64_t slot = 0; slot < d.pages * n; ++slot) {
+    if (read[size_t(slot)]) continue;
+    ++poisoned;
+    for (Region r : kAllRegions) {
+      if (!is_scale(r) && !d.fp8(side_of(r))) continue;  // NVFP4 codes are all finite
+      std::vector<uint8_t>& buf = bytes[size_t(l.region(r).buffer)];
+      for (Coord c{layer, slot / n, slot % n, 0, 0}; c.head < d.heads; ++c.head)
+        for (c.column = 0; c.column < d.columns(r); ++c.column) buf[size_t(l.offset(r, c))] = 0x7F;
+    }
+  }
+  return poisoned;
+}
+
 CacheFormat random_format(int64_t kv_heads, int64_t head_dim, int64_t k_rotation, int64_t v_rotation, bool mean,
                           uint64_t seed) {
   CacheFormat f;
@@ -131,6 +158,14 @@ CacheFormat random_format(int64_t kv_heads, int64_t head_dim, int64_t k_rotation
     f.k_mean.resize(size_t(kv_heads * head_dim));
     for (float& m : f.k_mean) m = n(rng);
   }
+  return f;
+}
+
+std::optional<CacheFormat> random_format_over(ElementFormat k, ElementFormat v, int64_t kv_heads, int64_t head_dim,
+                                              int64_t k_rotation, int64_t v_rotation, bool mean, uint64_t seed) {
+  if (k_rotation == kNoRotation && v_rotation == kNoRotation && !mean) return std::nullopt;
+  CacheFormat f = random_format(kv_heads, head_dim, k_rotation, v_rotation, mean, seed);
+  for (LayerFormat& layer : f.layers) layer.k.element = k, layer.v.element = v;
   return f;
 }
 

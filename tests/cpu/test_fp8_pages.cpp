@@ -15,6 +15,7 @@
 #include "nvfp4kv/core/ops.hpp"
 #include "nvfp4kv/core/plan.hpp"
 #include "nvfp4kv/core/transform.hpp"
+#include "nvfp4kv/harness/workload.hpp"
 #include "nvfp4kv/reference/attention.hpp"
 #include "nvfp4kv/reference/cache.hpp"
 #include "nvfp4kv/reference/quantize.hpp"
@@ -398,6 +399,51 @@ TEST(Fp8Reference, AttentionOverEveryCombinationEqualsFloat64) {
           EXPECT_GT(off, 1e-2) << what;
         }
       }
+}
+
+// The GPU tests poison the slots no sequence reads with E4M3 NaN (engines leave a page's
+// unwritten slots as they were): the helper poisons exactly those slots' FP8 elements and block
+// scales, and the reference, which reads only tokens that count, gives the same bits with them.
+TEST(Fp8Reference, UnreadSlotsPoisonedChangeNothingARightReaderReads) {
+  for (auto [k, v] : {std::pair{kF8, kNv}, {kNv, kF8}, {kF8, kF8}}) {
+    const ValidLayout valid = validate(native(k, v, 1, 4, 16, 2, 64));
+    const CacheDims& d = valid.layout().dims;
+    auto bytes = harness::random_cache(valid, 0, 3);
+    // Two sequences: 20 tokens over pages 2 and 0, 16 over page 3; page 1 and tokens 4..15 of
+    // page 0 are read by neither (the third entry, page 1, lies past the first's length).
+    const std::vector<int32_t> table{2, 0, 1, 3, 1, 1};
+    const std::vector<int32_t> lengths{20, 16};
+    auto poisoned = bytes;
+    EXPECT_EQ(harness::poison_unread_slots(valid, 0, table, 3, lengths, poisoned), 16 + 12);
+    int64_t changed = 0, to_nan = 0;
+    for (size_t b = 0; b < bytes.size(); ++b)
+      for (size_t i = 0; i < bytes[b].size(); ++i) {
+        changed += bytes[b][i] != poisoned[b][i];
+        to_nan += bytes[b][i] != poisoned[b][i] && poisoned[b][i] == 0x7F;
+      }
+    // Per poisoned slot and head: the FP8 side's 64 element bytes, the NVFP4 side's 4 scale
+    // bytes (random_cache never writes 0x7F there, so each of them changes).
+    const int64_t per_slot = d.heads * ((k == kF8 ? 64 : 4) + (v == kF8 ? 64 : 4));
+    EXPECT_EQ(changed, 28 * per_slot);
+    EXPECT_EQ(to_nan, changed);
+    reference::HostCache clean(valid.layout(), 0), dirty(valid.layout(), 0);
+    for (size_t b = 0; b < bytes.size(); ++b) clean.storage[b] = bytes[b], dirty.storage[b] = poisoned[b];
+    std::mt19937 rng(5);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    std::vector<float> q(size_t(2 * 4 * d.head_dim));
+    for (float& e : q) e = n(rng);
+    const float gs = 0.5f;
+    DecodeArgs a{.q = q.data(), .q_type = ElementType::kFloat32, .q_heads = 4,
+                 .batch = {.block_table = table.data(), .block_table_stride = 3, .seq_lens = lengths.data(), .batch = 2},
+                 .softmax_scale = 0.125f, .k_global_scale = &gs, .v_global_scale = &gs};
+    const auto want = reference::decode_attention(valid, clean.buffers, a);
+    const auto got = reference::decode_attention(valid, dirty.buffers, a);
+    ASSERT_EQ(got.out.size(), want.out.size());
+    for (size_t i = 0; i < want.out.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got.out[i]));
+      EXPECT_EQ(got.out[i], want.out[i]) << i;
+    }
+  }
 }
 
 }  // namespace

@@ -61,6 +61,8 @@ struct Case {
   bool plain_reader = false;
   // The layout's element formats (the native layout takes FP8 on either side).
   ElementFormat k_element = ElementFormat::kNvfp4, v_element = ElementFormat::kNvfp4;
+  // E4M3 NaN in the FP8 elements and block scales of every slot no sequence reads.
+  bool poison_unread = false;
 };
 
 struct Outcome : testing::Comparison {
@@ -79,7 +81,7 @@ Outcome run_case(const Case& k, Mutate mutate) {
   const ValidLayout plain = validate(l);
   const ValidLayout v = k.format ? with_format(plain, *k.format) : plain;
   const CacheDims& d = v.layout().dims;
-  const auto host = harness::random_cache(v, 0, k.seed);
+  auto host = harness::random_cache(v, 0, k.seed);
   const int64_t batch = int64_t(k.lengths.size());
   const int64_t longest = *std::max_element(k.lengths.begin(), k.lengths.end());
   const int64_t stride = k.stride ? k.stride : std::max<int64_t>(1, (longest + d.tokens_per_page - 1) / d.tokens_per_page);
@@ -93,6 +95,9 @@ Outcome run_case(const Case& k, Mutate mutate) {
   }
   std::vector<int32_t> lengths = k.lengths;
   mutate(table, lengths);
+  if (k.poison_unread) {
+    EXPECT_GT(harness::poison_unread_slots(v, 0, table, stride, lengths, host), 0);
+  }
   const int64_t q_heads = k.kv_heads * k.group;
   std::normal_distribution<float> n(0.0f, 1.0f);
   std::vector<uint16_t> q(size_t(batch * q_heads * d.head_dim));
@@ -316,6 +321,7 @@ TEST_F(GpuDecode, Fp8SidesMatchTheReference) {
     bool mean;
     ElementType type;
     char copies = 'b';  // the stage copies the planner picks: 'b' bulk, 't' tensor rows, 'r' row copies
+    bool poison = false;  // E4M3 NaN in every slot no sequence reads (harness::poison_unread_slots)
   };
   const auto bf16 = ElementType::kBFloat16, fp16 = ElementType::kFloat16;
   const std::vector<Variant> variants = {
@@ -335,6 +341,13 @@ TEST_F(GpuDecode, Fp8SidesMatchTheReference) {
       {N, F, 128, 1, 4, 0, false, 0, {100, 37}, kNoRotation, kNoRotation, false, bf16, 't'},
       {F, N, 128, 3, 4, 1.5f, false, 0, {300, 17}, kNoRotation, kNoRotation, false, bf16, 'r'},
       {N, F, 80, 16, 4, 0, true, 0, {513, 64}, kNoRotation, kNoRotation, false, fp16, 'r'},
+      // Review (session 19): NaN codes in the slots past each sequence's end (and in every page
+      // no sequence reads), which a reader must keep out of its sums; plain NVFP4 beside (NaN
+      // block scales), bulk, split and row copies.
+      {F, F, 128, 16, 4, 0, false, 0, {300, 17, 129}, kNoRotation, kNoRotation, false, bf16, 'b', true},
+      {N, N, 128, 16, 4, 1.5f, true, 0, {300, 17, 129}, kNoRotation, kNoRotation, false, bf16, 'b', true},
+      {F, N, 64, 32, 8, 0, true, 0, {41000, 5}, kNoRotation, kNoRotation, false, bf16, 'b', true},
+      {N, F, 128, 3, 4, 0, false, 0, {301, 17}, kNoRotation, kNoRotation, false, fp16, 'r', true},
   };
   int seed = 1300;
   for (const Variant& var : variants) {
@@ -350,16 +363,14 @@ TEST_F(GpuDecode, Fp8SidesMatchTheReference) {
     k.window = var.window;
     k.type = var.type;
     k.seed = uint64_t(++seed);
-    if (var.k_rotation != kNoRotation || var.v_rotation != kNoRotation || var.mean) {
-      CacheFormat f = harness::random_format(k.kv_heads, var.head_dim, var.k_rotation, var.v_rotation, var.mean,
-                                             uint64_t(seed));
-      for (LayerFormat& layer : f.layers) layer.k.element = var.k, layer.v.element = var.v;
-      k.format = f;
-    }
+    k.poison_unread = var.poison;
+    k.format = harness::random_format_over(var.k, var.v, k.kv_heads, var.head_dim, var.k_rotation, var.v_rotation,
+                                           var.mean, uint64_t(seed));
     const std::string what =
         cat("K ", element_format_name(var.k), " V ", element_format_name(var.v), " D", var.head_dim, " N",
             var.tokens_per_page, " G", var.group, var.softcap > 0 ? " softcap" : "", var.sinks ? " sinks" : "",
-            var.window ? " window" : "", var.k_rotation || var.v_rotation ? " rotated" : "", var.mean ? " mu" : "");
+            var.window ? " window" : "", var.k_rotation || var.v_rotation ? " rotated" : "", var.mean ? " mu" : "",
+            var.poison ? " NaN past the ends" : "");
     const Outcome o = run_case(k);
     expect_close(k, o, what);
     if (var.lengths[0] > 10000) {

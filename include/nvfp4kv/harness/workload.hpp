@@ -2,6 +2,7 @@
 // Inputs for tests, benchmarks and the CLI: never zeros, reproducible from a
 // seed, shaped so that a byte in the wrong place shows.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,12 +56,27 @@ std::vector<float> realistic_kv(int64_t tokens, int64_t heads, int64_t dim, bool
 std::vector<std::vector<uint8_t>> random_cache(const ValidLayout& layout, int64_t layer, uint64_t seed,
                                                uint8_t fill = 0);
 
+// Writes E4M3 NaN (0x7F) into every FP8 element byte and every block-scale byte of the token
+// slots of `layer` that no sequence reads: slots past a sequence's length on its last page and
+// pages no table entry within a length names (sequence b reads tokens [0, lengths[b]) through
+// table[b * stride ...]; negative lengths and entries outside the cache read nothing). Engines
+// do not clear a page's unwritten slots, so a reader must not let them into its sums (0 x NaN
+// is NaN). Returns how many (page, token) slots were poisoned, so a test can insist on some.
+int64_t poison_unread_slots(const ValidLayout& layout, int64_t layer, const std::vector<int32_t>& table, int64_t stride,
+                            const std::vector<int32_t>& lengths, std::vector<std::vector<uint8_t>>& bytes);
+
 // A one-layer cache format over random stored values: K's and V's rotations (kNoRotation,
 // a block size or kRotateWholeHead) and, with `mean`, a K smoothing vector mu ~ N(0, 2) per
 // (head, channel), the size of random_cache's K values. Without rotations the format has no
 // per-layer entries: mu alone (smoothing is the cache's).
 CacheFormat random_format(int64_t kv_heads, int64_t head_dim, int64_t k_rotation, int64_t v_rotation, bool mean,
                           uint64_t seed);
+
+// The same over a layout whose K and V hold `k` and `v` elements: the per-layer entry, where
+// there is one, names them (a format agrees with its layout's elements); no format at all
+// where nothing is rotated or smoothed.
+std::optional<CacheFormat> random_format_over(ElementFormat k, ElementFormat v, int64_t kv_heads, int64_t head_dim,
+                                              int64_t k_rotation, int64_t v_rotation, bool mean, uint64_t seed);
 
 // The transforms the benchmarks time beside plain NVFP4 (nvfp4kv bench decode|prefill
 // --transform): "plain", or words joined by '+' from "rotate-k", "rotate-v" (a rotation of
