@@ -12,11 +12,13 @@
 #   NVFP4KV_PLAIN_DECODE ("--batch 1,16,128 --context 2048,32768"),
 #   NVFP4KV_PLAIN_PREFILL ("--batch 1 --prompt 8192 --head-dim 64,128,256"),
 #   NVFP4KV_TRANSFORMS (plain and every transform, comma-separated; each runs as its own process),
-#   NVFP4KV_DECODE_TRANSFORMS (decode's, NVFP4KV_TRANSFORMS; decode alone takes fp8-k, fp8-v),
+#   NVFP4KV_DECODE_TRANSFORMS (decode's, NVFP4KV_TRANSFORMS),
 #   NVFP4KV_TRANSFORM_DECODE ("--batch 1,16 --context 32768,131072 --head-dim 64,128"),
 #   NVFP4KV_TRANSFORM_PREFILL ("--batch 1 --prompt 8192 --head-dim 64,128,256"),
 #   NVFP4KV_TARGETS (this tree's build targets, all), NVFP4KV_GTEST_FILTER (the GPU tests to run, all),
-#   NVFP4KV_MEMCHECK_FILTER (the tests under memcheck, the format tests), NVFP4KV_NCU_PREFILL (transforms to profile
+#   NVFP4KV_MEMCHECK_FILTER (the tests under memcheck, the format tests), NVFP4KV_RACECHECK_FILTER (under
+#   racecheck: decode's format and options tests), NVFP4KV_SANITIZE_TIMEOUT (seconds for each, 90), NVFP4KV_STORE_FORMATS (1: `nvfp4kv_bench --formats`, store
+#   and gather per format beside plain, into $OUT/store_formats.md; needs the nvfp4kv_bench target), NVFP4KV_NCU_PREFILL (transforms to profile
 #   one prefill launch of with Nsight Compute, none; last, only if the script has run fewer
 #   seconds than NVFP4KV_NCU_BEFORE_S, 480: the lent machine stops a call at 600 s).
 # The device machine has no package manager: .carry/ holds GoogleTest and the nlohmann headers
@@ -66,10 +68,10 @@ grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure|read as plain" "$LOGS
 
 step "memcheck and racecheck: the format tests"
 filter=${NVFP4KV_MEMCHECK_FILTER:-'GpuDecode.FormatTransforms*:GpuPrefill.FormatTransforms*:Gpu.StoreAndGatherTakeEveryFormat:GpuDecode.OptionsMatch*:GpuDecode.SplitSequences*'}
-timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
+timeout "${NVFP4KV_SANITIZE_TIMEOUT:-90}" compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
   --gtest_filter="$filter" > "$LOGS/memcheck.log" 2>&1; echo "memcheck rc $?"; tail -2 "$LOGS/memcheck.log"
-timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
-  --gtest_filter='GpuDecode.FormatTransforms*:GpuDecode.OptionsMatch*' > "$LOGS/racecheck.log" 2>&1
+timeout "${NVFP4KV_SANITIZE_TIMEOUT:-90}" compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
+  --gtest_filter="${NVFP4KV_RACECHECK_FILTER:-GpuDecode.FormatTransforms*:GpuDecode.OptionsMatch*}" > "$LOGS/racecheck.log" 2>&1
 echo "racecheck rc $?"; tail -2 "$LOGS/racecheck.log"
 
 # The SM clock and power while the benchmarks run (phases.txt says which ran when).
@@ -109,6 +111,11 @@ if [ -n "$transforms$decode_transforms" ] && [ -n "$transform_decode$transform_p
     done
   done
   grep -v '^{' "$OUT/transforms.jsonl" | head -5
+fi
+if [ "${NVFP4KV_STORE_FORMATS:-0}" = 1 ]; then
+  step "store and gather per format beside plain (nvfp4kv_bench --formats)"
+  timeout 120 build/gpu/nvfp4kv_bench --formats --markdown "$OUT/store_formats.md" > "$LOGS/store_formats.log" 2>&1
+  echo "nvfp4kv_bench rc $?"; grep -E "^\|" "$OUT/store_formats.md" | head -40
 fi
 kill $smi 2>/dev/null
 
