@@ -438,6 +438,11 @@ TEST_F(Gpu, StoreAndGatherTakeEveryFormat) {
       {128, kF8, kNv, kNoRotation, kNoRotation, false, std_rule, std_rule},
       {128, kNv, kF8, kNoRotation, kRotateWholeHead, true, four, std_rule},
       {64, kF8, kF8, kRotateWholeHead, kNoRotation, true, std_rule, std_rule},
+      // FP8 without transforms: the vectorized store (16 E4M3 bytes a thread and group).
+      {64, kF8, kF8, kNoRotation, kNoRotation, false, std_rule, std_rule},
+      {128, kNv, kF8, kNoRotation, kNoRotation, false, four, std_rule},  // 4over6 beside FP8
+      {80, kF8, kNv, kNoRotation, kNoRotation, false, std_rule, std_rule},
+      {256, kNv, kF8, kNoRotation, kNoRotation, false, std_rule, std_rule},
   };
   uint64_t seed = 300;
   for (const Variant& var : variants) {
@@ -479,7 +484,8 @@ TEST_F(Gpu, StoreAndGatherTakeEveryFormat) {
 }
 
 // The row kernels' own edges against the reference: non-finite inputs (zeroed and counted
-// before a transform, counted by the block rule or the FP8 rounding without one), and a gather
+// before a transform, counted by the block rule or the FP8 rounding without one; the same rows
+// unrotated through the vectorized store, FP8 V beside plain K, count alike), and a gather
 // over a bad block-table entry, a length past the table and a broken global scale (NaN rows,
 // counted, never read).
 TEST_F(Gpu, RowKernelsHandleNonFiniteInputsAndBadEntriesAsTheReference) {
@@ -511,28 +517,43 @@ TEST_F(Gpu, RowKernelsHandleNonFiniteInputsAndBadEntriesAsTheReference) {
   a.slots_are_int64 = true;
   a.k_global_scale = &gs_host[0];
   a.v_global_scale = &gs_host[1];
-  DeviceStatus cpu_status;
-  a.status = &cpu_status;
-  reference::HostCache cpu(v.layout(), kPoison);
-  reference::store(v, cpu.buffers, a);
-  EXPECT_GT(cpu_status.non_finite, 0u);
-  DeviceCache cache(v.layout(), kPoison);
   auto dk = DeviceBuffer<uint16_t>::from(k), dv = DeviceBuffer<uint16_t>::from(vv);
   auto dslots = DeviceBuffer<int64_t>::from(slots);
   auto scales = DeviceBuffer<float>::from({gs_host[0], gs_host[1]});
-  auto status = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
-  StoreArgs g = a;
-  g.rows = {dk.get(), dv.get(), tokens, row};
-  g.slots = dslots.get();
-  g.k_global_scale = scales.get();
-  g.v_global_scale = scales.get() + 1;
-  g.status = status.get();
-  ASSERT_TRUE(store(v, cache.view(), g, nullptr).ok());
-  NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto got = cache.download();
-  for (size_t b = 0; b < got.size(); ++b) EXPECT_EQ(got[b], cpu.storage[b]) << "buffer " << b;
-  EXPECT_TRUE(same_status(status.download()[0], cpu_status)) << "gpu: " << status_text(status.download()[0])
-                                                           << "\ncpu: " << status_text(cpu_status);
+  // The store of `layout` against the reference's: the bytes and the counters.
+  const auto store_as_reference = [&](const ValidLayout& layout, reference::HostCache& cpu, DeviceCache& cache) {
+    DeviceStatus cpu_status;
+    StoreArgs h = a;
+    h.status = &cpu_status;
+    reference::store(layout, cpu.buffers, h);
+    EXPECT_GT(cpu_status.non_finite, 0u);
+    auto status = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
+    StoreArgs g = a;
+    g.rows = {dk.get(), dv.get(), tokens, row};
+    g.slots = dslots.get();
+    g.k_global_scale = scales.get();
+    g.v_global_scale = scales.get() + 1;
+    g.status = status.get();
+    ASSERT_TRUE(store(layout, cache.view(), g, nullptr).ok());
+    NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = cache.download();
+    for (size_t b = 0; b < got.size(); ++b) EXPECT_EQ(got[b], cpu.storage[b]) << "buffer " << b;
+    EXPECT_TRUE(same_status(status.download()[0], cpu_status)) << "gpu: " << status_text(status.download()[0])
+                                                             << "\ncpu: " << status_text(cpu_status);
+  };
+  // The same rows without K's rotation go through the vectorized store (FP8 V beside plain K).
+  {
+    CacheFormat unrotated = f;
+    unrotated.layers[0].k.rotation = kNoRotation;
+    const ValidLayout vector_layout = with_format(fp8_v, unrotated);
+    reference::HostCache cpu(vector_layout.layout(), kPoison);
+    DeviceCache cache(vector_layout.layout(), kPoison);
+    SCOPED_TRACE("the vectorized store");
+    store_as_reference(vector_layout, cpu, cache);
+  }
+  reference::HostCache cpu(v.layout(), kPoison);
+  DeviceCache cache(v.layout(), kPoison);
+  store_as_reference(v, cpu, cache);
   // Gather: sequence 0 reads pages 0, 1 and a bad entry (99); sequence 1 claims more tokens
   // than its table holds; then both again with V's global scale broken.
   const std::vector<int32_t> table = {0, 1, 99, 1, 0, 2};
