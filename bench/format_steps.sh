@@ -67,7 +67,7 @@ timeout 240 build/gpu/tests/nvfp4kv_gpu_tests --gtest_filter="${NVFP4KV_GTEST_FI
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure|read as plain" "$LOGS/gpu_tests.log" | head -40
 
 step "memcheck and racecheck: the format tests"
-filter=${NVFP4KV_MEMCHECK_FILTER:-'GpuDecode.FormatTransforms*:GpuPrefill.FormatTransforms*:Gpu.StoreAndGatherTakeEveryFormat:GpuDecode.OptionsMatch*:GpuDecode.SplitSequences*'}
+filter=${NVFP4KV_MEMCHECK_FILTER:-'GpuDecode.FormatTransforms*:GpuPrefill.FormatTransforms*:GpuDecode.Fp8Sides*:GpuPrefill.Fp8Sides*:Gpu.StoreAndGatherTakeEveryFormat:GpuDecode.OptionsMatch*:GpuDecode.SplitSequences*'}
 timeout "${NVFP4KV_SANITIZE_TIMEOUT:-90}" compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \
   --gtest_filter="$filter" > "$LOGS/memcheck.log" 2>&1; echo "memcheck rc $?"; tail -2 "$LOGS/memcheck.log"
 timeout "${NVFP4KV_SANITIZE_TIMEOUT:-90}" compute-sanitizer --tool racecheck --error-exitcode 9 build/gpu/tests/nvfp4kv_gpu_tests \

@@ -37,7 +37,8 @@ inline Result gpu_cache_checks(const ValidLayout& layout, const CacheBuffers& bu
 }
 
 // The layer's format as the kernels take it (kernels/common/format_view.hpp). Every family
-// takes every format (store and gather by their row kernels where a layer is not plain;
+// takes every format (store by its row kernel where a layer rotates, smooths or gives its NVFP4
+// sides two rules, gather where a layer is not plain NVFP4;
 // decode and prefill with rotations and K smoothing folded into their query and output
 // steps and FP8 sides through their dequantize parts), so nothing is refused here; what is
 // checked is mu's device copy. k_mean is the caller's device copy of format.k_mean, required

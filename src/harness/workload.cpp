@@ -125,6 +125,7 @@ int64_t poison_unread_slots(const ValidLayout& valid, int64_t layer, const std::
   std::vector<bool> read(size_t(d.pages * n), false);
   for (size_t b = 0; b < lengths.size(); ++b)
     for (int64_t t = 0; t < lengths[b]; ++t) {
+      if (t / n >= stride) break;  // past the sequence's table row: nothing read
       const size_t entry = b * size_t(stride) + size_t(t / n);
       if (entry >= table.size()) break;
       const int64_t page = table[entry];

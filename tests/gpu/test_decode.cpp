@@ -87,11 +87,20 @@ Outcome run_case(const Case& k, Mutate mutate) {
   const int64_t stride = k.stride ? k.stride : std::max<int64_t>(1, (longest + d.tokens_per_page - 1) / d.tokens_per_page);
   std::mt19937_64 rng(k.seed + 7);
   std::vector<int32_t> table(size_t(batch * stride));
+  // Poisoned cases give each sequence pages of its own, so that the slots past a sequence's end
+  // are read by no other sequence and hold NaN where the kernels meet them.
+  std::vector<int32_t> own(k.poison_unread ? size_t(d.pages) : 0);
+  std::iota(own.begin(), own.end(), 0);
+  std::shuffle(own.begin(), own.end(), rng);
+  if (k.poison_unread) {
+    EXPECT_GE(d.pages, batch * stride) << "a poisoned case needs a page per table entry";
+  }
   for (int64_t b = 0; b < batch; ++b) {
     std::vector<int32_t> pages(size_t(d.pages));
     std::iota(pages.begin(), pages.end(), 0);
     std::shuffle(pages.begin(), pages.end(), rng);
-    for (int64_t e = 0; e < stride; ++e) table[size_t(b * stride + e)] = pages[size_t(e % d.pages)];
+    for (int64_t e = 0; e < stride; ++e)
+      table[size_t(b * stride + e)] = k.poison_unread ? own[size_t(b * stride + e) % own.size()] : pages[size_t(e % d.pages)];
   }
   std::vector<int32_t> lengths = k.lengths;
   mutate(table, lengths);

@@ -359,7 +359,7 @@ def test_fp8_k_in_one_layer_lives_in_its_own_cache_and_reads_back_exactly():
 
 @pytest.mark.gpu
 def test_fp8_k_in_one_layer_runs_on_cuda():
-    # The same mixed format on CUDA: the store's row kernel writes layer 0's K as FP8, prefill's
+    # The same mixed format on CUDA: the vectorized store writes layer 0's K as FP8, prefill's
     # FP8 producer loop and decode's FP8 dequantize part read it back, layer 1 stays NVFP4.
     model = tiny("gemma2")
     fmt = {"layers": [{"k": {"element": "fp8_e4m3"}}, {}]}
