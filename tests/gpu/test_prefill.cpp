@@ -26,6 +26,7 @@
 #include "nvfp4kv/reference/cache.hpp"
 #include "../../src/api/attention_runs.hpp"  // api::prepare_prefill, kernels::launch_prefill: a forced stage count
 #include "attention_check.hpp"
+#include "odd_layouts.hpp"
 
 namespace nvfp4kv {
 namespace {
@@ -58,6 +59,7 @@ struct Case {
   // The layout's code order (where a data byte keeps its two codes): empty keeps the preset's
   // (the native layout's is fp16-split, every engine's standard), a name replaces it.
   std::string codes;
+  std::optional<LayoutSpec> spec;  // a layout of one's own instead of the preset
   size_t* tickets_at_rest = nullptr;  // mixed: set to the workspace's 64-bit words holding a ticket at rest
   int stages = 0;  // prefill: run with this many stages in the ring (0: as many as the planner fits)
   // A cache format over the random stored values (the reference reads them back through it);
@@ -80,7 +82,7 @@ struct Outcome : testing::Comparison {
 template <typename Mutate>
 Outcome run_case(const Case& k, Mutate mutate) {
   Outcome o;
-  LayoutSpec spec = preset_spec(k.preset);
+  LayoutSpec spec = k.spec ? *k.spec : preset_spec(k.preset);
   if (!k.codes.empty()) spec.codes = *code_order_named(k.codes);
   const ValidLayout plain = validate(
       instantiate(spec, {1, k.pages, k.tokens_per_page, k.kv_heads, k.head_dim, k.k_element, k.v_element}));
@@ -466,6 +468,15 @@ TEST_F(GpuPrefill, Fp8SidesMatchTheReference) {
             var.poison ? " NaN past the ends" : "");
     expect_close(k, run_case(k), what);
     if (HasFailure()) return;
+  }
+  // FP8 K rows aligned to 8 bytes only (a layout of one's own): the producers gather each
+  // FP8 group byte by byte; at D 64 and 128, NaN past the ends.
+  for (int64_t dim : {64, 128}) {
+    Case k = format_case(dim, 0, false, false, uint64_t(++seed));
+    k.spec = test_layouts::fp8_k_rows_8_aligned();
+    k.k_element = F;
+    k.poison_unread = true;
+    expect_close(k, run_case(k), cat("K fp8 in 8-byte aligned rows, D", dim));
   }
 }
 

@@ -14,6 +14,7 @@
 #include "nvfp4kv/harness/device_buffer.hpp"
 #include "nvfp4kv/harness/workload.hpp"
 #include "nvfp4kv/reference/cache.hpp"
+#include "odd_layouts.hpp"
 
 namespace nvfp4kv {
 namespace {
@@ -481,6 +482,14 @@ TEST_F(Gpu, StoreAndGatherTakeEveryFormat) {
   std::iota(slots.begin(), slots.end(), 3);
   store_and_gather(with_format(plain, smooth_only), 1, slots, ElementType::kBFloat16, ScaleRule::kStandard,
                    harness::RowPattern::kNormal, true, ++seed);
+  // FP8 K rows aligned to 8 bytes only: the vectorized store writes each FP8 group byte by byte.
+  for (int64_t dim : {64, 128}) {
+    const ValidLayout odd = validate(instantiate(test_layouts::fp8_k_rows_8_aligned(),
+                                                 {2, 8, 16, 2, dim, ElementFormat::kFp8E4M3, ElementFormat::kNvfp4}));
+    SCOPED_TRACE(testing::Message() << "K fp8 in 8-byte aligned rows, D" << dim);
+    store_and_gather(odd, 1, slots, ElementType::kFloat16, ScaleRule::kStandard, harness::RowPattern::kNormal, true,
+                     ++seed);
+  }
 }
 
 // The row kernels' own edges against the reference: non-finite inputs (zeroed and counted
