@@ -105,7 +105,10 @@ Outcome run_case(const Case& k, Mutate mutate) {
   std::vector<int32_t> lengths = k.lengths;
   mutate(table, lengths);
   if (k.poison_unread) {
-    EXPECT_GT(harness::poison_unread_slots(v, 0, table, stride, lengths, host), 0);
+    // Pages of their own: every slot but the ones the sequences read, tails included.
+    int64_t read = 0;
+    for (int32_t len : lengths) read += std::clamp<int64_t>(len, 0, stride * d.tokens_per_page);
+    EXPECT_EQ(harness::poison_unread_slots(v, 0, table, stride, lengths, host), d.pages * d.tokens_per_page - read);
   }
   const int64_t q_heads = k.kv_heads * k.group;
   std::normal_distribution<float> n(0.0f, 1.0f);
