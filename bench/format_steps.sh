@@ -20,7 +20,9 @@
 #   racecheck: decode's format and options tests), NVFP4KV_SANITIZE_TIMEOUT (seconds for each, 90), NVFP4KV_STORE_FORMATS (1: `nvfp4kv_bench --formats`, store
 #   and gather per format beside plain, into $OUT/store_formats.md; needs the nvfp4kv_bench target), NVFP4KV_NCU_PREFILL (transforms to profile
 #   one prefill launch of with Nsight Compute, none; last, only if the script has run fewer
-#   seconds than NVFP4KV_NCU_BEFORE_S, 480: the lent machine stops a call at 600 s).
+#   seconds than NVFP4KV_NCU_BEFORE_S, 480: the lent machine stops a call at 600 s),
+#   NVFP4KV_BINARIES (an .tar.xz of this tree's nvfp4kv, nvfp4kv_bench and tests/nvfp4kv_gpu_tests,
+#   built elsewhere for sm_90a, unpacked into build/gpu instead of building; patched trees still build).
 # The device machine has no package manager: .carry/ holds GoogleTest and the nlohmann headers
 # (bench/README.md says how to make it). Few files come back from it: the logs travel as logs.tgz.
 set -uo pipefail
@@ -48,11 +50,18 @@ step "device"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/device.txt"
 step "build: this tree (everything) and ${#patches[@]} patched trees (the CLI)"
 [ ${#patches[@]} -gt 0 ] && { build_variants "$root" "$work" 8 "${patches[@]}" > "$LOGS/variants_build.log" 2>&1 & }
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DNVFP4KV_REQUIRE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DNVFP4KV_EXTRA_INCLUDE="$root/.carry/include" -DNVFP4KV_GTEST_SOURCE="$root/.carry/googletest" > "$LOGS/configure.log" 2>&1 ||
-  { tail -20 "$LOGS/configure.log"; exit 1; }
-cmake --build build/gpu -j 16 ${NVFP4KV_TARGETS:+--target $NVFP4KV_TARGETS} > "$LOGS/build.log" 2>&1 || { grep -E "error" -A5 "$LOGS/build.log" | head -40; exit 1; }
-grep -E "spill" "$LOGS/build.log" | sed 's/.*function .//' | sort | uniq > "$LOGS/spills.txt"
+if [ -n "${NVFP4KV_BINARIES:-}" ]; then
+  # Binaries built elsewhere for sm_90a from this tree (an xz tar of nvfp4kv, nvfp4kv_bench and
+  # tests/nvfp4kv_gpu_tests as a build folder lays them out): no build here.
+  mkdir -p build/gpu && xz -dc "$NVFP4KV_BINARIES" | tar xf - -C build/gpu || { echo "cannot unpack $NVFP4KV_BINARIES"; exit 1; }
+  ls -l build/gpu/nvfp4kv build/gpu/nvfp4kv_bench build/gpu/tests/nvfp4kv_gpu_tests
+else
+  cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DNVFP4KV_REQUIRE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DNVFP4KV_EXTRA_INCLUDE="$root/.carry/include" -DNVFP4KV_GTEST_SOURCE="$root/.carry/googletest" > "$LOGS/configure.log" 2>&1 ||
+    { tail -20 "$LOGS/configure.log"; exit 1; }
+  cmake --build build/gpu -j 16 ${NVFP4KV_TARGETS:+--target $NVFP4KV_TARGETS} > "$LOGS/build.log" 2>&1 || { grep -E "error" -A5 "$LOGS/build.log" | head -40; exit 1; }
+  grep -E "spill" "$LOGS/build.log" | sed 's/.*function .//' | sort | uniq > "$LOGS/spills.txt"
+fi
 wait
 cat "$LOGS/variants_build.log" 2>/dev/null
 trees=("build/gpu/nvfp4kv") tags=("this")
