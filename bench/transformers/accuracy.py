@@ -39,7 +39,8 @@ FP8 and checks the simulation against the
 nvfp4-calibrated row, which runs the same policy through KVCache. The calibration measures each
 layer's model KL (its K alone, and its V alone, through its best mode) and ranks layers for FP8 by it;
 policy-B-attn-sim is the same budget with the layers ranked by attention error alone (the
-calibration before model KL, model_kl=False).
+calibration before model KL, model_kl=False); policy-B-saved-sim ranks them by what keeping each
+side exact saves with every other side quantized (model_kl="saved").
 nvfp4-first-bf16: the nvfp4 row's values except each window's first token (BOS where the
 tokenizer adds it) kept in BF16, simulated in a DynamicCache: what a higher-precision side region
 for the attention sink would buy, measured before building one.
@@ -92,7 +93,8 @@ GGUFS = {
 INPUTS = "accuracy-inputs.npz"  # the token ids, in stage_gpu.py's first part
 ROWS = ["bf16", "fp8", "nvfp4", "nvfp4-cal", "nvfp4-4over6", "nvfp4-4over6-cal", "quanto-int4", "quanto-int2",
         "hqq-4", "nvfp4-rot", "nvfp4-smooth", "nvfp4-all", "k-fp8-v-nvfp4", "nvfp4-calibrated", "nvfp4-calibrated-gs1", "nvfp4-first-bf16",
-        "policy-4.5-sim", "policy-5.3-sim", "policy-6-sim", "policy-5.3-attn-sim", "policy-6-attn-sim"]
+        "policy-4.5-sim", "policy-5.3-sim", "policy-6-sim", "policy-5.3-attn-sim", "policy-6-attn-sim",
+        "policy-5.3-saved-sim", "policy-6-saved-sim"]
 # The cache format of each format row (its k_mean filled in from the calibration text).
 FORMATS = {
     "nvfp4-rot": {"layers": [{"k": {"rotation": "head"}, "v": {"rotation": "head"}}]},
@@ -255,7 +257,7 @@ class Setup:
 
 def policy_bits(row: str) -> float:
     """The bits budget of a policy-B-sim or policy-B-attn-sim row."""
-    return float(row[len("policy-"):-len("-sim")].replace("-attn", ""))
+    return float(row[len("policy-"):-len("-sim")].replace("-attn", "").replace("-saved", ""))
 
 
 def make_cache(row: str, s: Setup, max_tokens: int):
@@ -310,12 +312,14 @@ def bytes_per_token(row: str, config, policies: Optional[Dict] = None) -> float:
 
 
 def calibration_file(model, tokens: torch.Tensor, length: int, bits: float, bos: Optional[int] = None,
-                     model_kl: bool = False) -> Dict:
+                     model_kl=False, kl_tokens: Optional[int] = None) -> Dict:
     """nvfp4kv.transformers.calibrate on the first `length` held-out tokens (one sequence, BOS first
     where the tokenizer adds it): the model's post-RoPE K, V and queries; with model_kl, each
-    layer's model KL on the first 512 of them too (the policy ranks layers by it)."""
+    layer's model KL on the first kl_tokens of them too (None: calibrate's default, 512; the
+    policy ranks layers by it)."""
     ids = windows_of(tokens, range(0, 1), length, "cpu", bos)[0]
-    return nt.calibrate(model, ids, samples=length, bits=bits, progress=model_kl, model_kl=model_kl)
+    return nt.calibrate(model, ids, samples=length, bits=bits, progress=bool(model_kl), model_kl=model_kl,
+                        kl_tokens=kl_tokens)
 
 
 def calibrate(model, tokens: torch.Tensor, windows: int, length: int, bos: Optional[int] = None):
@@ -607,6 +611,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate-windows", type=int, default=8, help="windows of 512 held-out tokens")
     ap.add_argument("--calibrate-sample-tokens", type=int, default=2048,
                     help="held-out tokens whose K/V nvfp4kv.calibrate measures (nvfp4-calibrated)")
+    ap.add_argument("--kl-tokens", type=int, default=None,
+                    help="calibration tokens the policy rows' model KL is measured on (default 512)")
     ap.add_argument("--model", default=None, help="a save_pretrained folder instead of the GGUF")
     ap.add_argument("--gguf", default="smollm2", choices=sorted(GGUFS),
                     help="which GGUF model (default smollm2; gemma3: head dim 256, one KV head, sliding-window layers)")
@@ -671,7 +677,8 @@ def main(argv=None) -> int:
     for row in [r for r in rows if r.startswith("policy-")]:
         started = time.time()
         policy = calibration_file(model, cal_tokens, args.calibrate_sample_tokens, policy_bits(row), setup.bos,
-                                  model_kl=not row.endswith("-attn-sim"))
+                                  model_kl="saved" if row.endswith("-saved-sim") else not row.endswith("-attn-sim"),
+                                  kl_tokens=args.kl_tokens)
         setup.policies[row] = policy
         fp8 = ["%d%s" % (i, "".join(side for side in "kv" if layer[side]["element"] == "fp8_e4m3"))
                for i, layer in enumerate(policy["format"]["layers"])

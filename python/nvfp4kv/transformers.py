@@ -29,7 +29,7 @@ import math
 import os
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import torch
@@ -739,60 +739,72 @@ def _through_format(x: torch.Tensor, side_format: Dict[str, Any], global_scale: 
     return y.to(x.device, x.dtype)
 
 
-class _OneLayerCache(DynamicCache):
-    """A DynamicCache whose layer ``layer`` keeps its K (side "k") or its V (side "v") as the
-    calibration ``cal``'s format gives them back (_through_format with its global scales and K
-    mean); everything else, and everything where ``layer`` is None, exact."""
+class _SidesCache(DynamicCache):
+    """A DynamicCache that keeps the K and V of the (layer, side) pairs in ``sides`` ("k" or "v") as
+    the calibration ``cal``'s format gives them back (_through_format with its global scales and K
+    mean); every other side exact."""
 
-    def __init__(self, config: Any, cal: Dict[str, Any], layer: Optional[int], side: str = "k"):
+    def __init__(self, config: Any, cal: Dict[str, Any], sides: Set[Tuple[int, str]]):
         super().__init__(config=config)
-        self.layer, self.which = layer, side
-        if layer is not None:
-            layers, heads, dim = _kv_dims(config)
-            fmt = cal["format"]
-            self.side = fmt["layers"][layer if len(fmt["layers"]) > 1 else 0][side]
-            mean = fmt.get("k_mean")
-            self.mu = np.asarray(mean, np.float32).reshape(layers, heads, dim)[layer] if mean and side == "k" else None
-            self.scale = cal["per_layer"][layer]["%s_global_scale" % side]
+        self.sides = sides
+        layers, heads, dim = _kv_dims(config)
+        fmt = cal["format"]
+        self.formats = [fmt["layers"][l if len(fmt["layers"]) > 1 else 0] for l in range(layers)]
+        mean = fmt.get("k_mean")
+        self.mu = np.asarray(mean, np.float32).reshape(layers, heads, dim) if mean else None
+        self.scales = [(p["k_global_scale"], p["v_global_scale"]) for p in cal["per_layer"]]
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        if layer_idx == self.layer and self.which == "k":
-            key_states = _through_format(key_states, self.side, self.scale, self.mu)
-        elif layer_idx == self.layer:
-            value_states = _through_format(value_states, self.side, self.scale)
+        if (layer_idx, "k") in self.sides:
+            key_states = _through_format(key_states, self.formats[layer_idx]["k"], self.scales[layer_idx][0],
+                                         None if self.mu is None else self.mu[layer_idx])
+        if (layer_idx, "v") in self.sides:
+            value_states = _through_format(value_states, self.formats[layer_idx]["v"], self.scales[layer_idx][1])
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
-def _model_kl(model: Any, ids: torch.Tensor, chunk: int, cal: Dict[str, Any], bar: "_Progress") -> Dict[str, List[float]]:
-    """Each layer's model-level sensitivity over ``ids`` (one sequence), of its K and of its V:
-    the mean over the tokens of KL(P_ref || P_side) of the next-token distributions, P_ref with
-    every layer's K/V exact, P_side with only that layer's K (or only its V) through ``cal``'s
-    format (its best NVFP4 mode, calibrated global scales). All runs go in the same chunks through
-    the same attention, so a side the format keeps exactly measures 0. 2 x layers + 1 passes."""
+def _model_kl(model: Any, ids: torch.Tensor, chunk: int, cal: Dict[str, Any], bar: "_Progress",
+              measure: str = "alone") -> Dict[str, List[float]]:
+    """Each layer's model-level sensitivity over ``ids`` (one sequence), of its K and of its V, from
+    the mean over the tokens of KL(P_exact || P) of the next-token distributions, P_exact with every
+    layer's K/V exact. ``measure`` "alone": P with only that layer's K (or only its V) through
+    ``cal``'s format (its best NVFP4 mode, calibrated global scales); 2 x layers + 1 passes.
+    "saved": what keeping that side exact saves with every other side through the format, the KL of
+    P with every side quantized less the KL of P with all but that one (0 where it saves nothing);
+    2 x layers + 2 passes. All runs go in the same chunks through the same attention, so a side the
+    format keeps exactly measures 0."""
     layers, _, _ = _kv_dims(model.config)
+    every = {(layer, side) for layer in range(layers) for side in "kv"}
 
-    def logits(layer: Optional[int], side: str = "k") -> List[torch.Tensor]:
-        cache = _OneLayerCache(model.config, cal, layer, side)
+    def logits(sides: Set[Tuple[int, str]]) -> List[torch.Tensor]:
+        cache = _SidesCache(model.config, cal, sides)
         return [model(ids[start:start + chunk][None], past_key_values=cache, use_cache=True).logits[0].float()
                 for start in range(0, ids.numel(), chunk)]
 
+    def kl_of(ref: List[torch.Tensor], sides: Set[Tuple[int, str]]) -> float:
+        total = 0.0  # log-probabilities and KL in float64, chunk by chunk
+        for exact, got in zip(ref, logits(sides)):
+            want = torch.log_softmax(exact.double(), dim=-1)
+            total += float((want.exp() * (want - torch.log_softmax(got.double(), dim=-1))).sum())
+        return total / ids.numel()
+
     kl: Dict[str, List[float]] = {"k": [], "v": []}
     with torch.no_grad():
-        ref = logits(None)  # kept as float32 logits; log-probabilities and KL in float64, chunk by chunk
+        ref = logits(set())  # kept as float32 logits
+        everything = kl_of(ref, every) if measure == "saved" else 0.0
         for layer in range(layers):
             for side in "kv":
-                total = 0.0
-                for exact, got in zip(ref, logits(layer, side)):
-                    want = torch.log_softmax(exact.double(), dim=-1)
-                    total += float((want.exp() * (want - torch.log_softmax(got.double(), dim=-1))).sum())
-                kl[side].append(max(total / ids.numel(), 0.0))  # >= 0 but for rounding
+                if measure == "saved":
+                    kl[side].append(max(everything - kl_of(ref, every - {(layer, side)}), 0.0))
+                else:
+                    kl[side].append(max(kl_of(ref, {(layer, side)}), 0.0))  # >= 0 but for rounding
             bar.show(layer + 1, "layers: model KL of K and V")
     return kl
 
 
 def calibrate(model: Any, tokens: Any = None, *, text: Union[str, "os.PathLike[str]", None] = None,
               tokenizer: Any = None, bits: float = 4.5, samples: int = CALIBRATION_TOKENS, chunk: int = 512,
-              out: Optional[str] = None, progress: bool = True, model_kl: bool = False,
+              out: Optional[str] = None, progress: bool = True, model_kl: Union[bool, str] = False,
               kl_tokens: Optional[int] = None) -> Dict[str, Any]:
     """A calibration file (docs/calibration.md) for ``model`` from a text: the model runs over the
     first ``samples`` tokens as one sequence (in chunks of ``chunk``, through each layer's own eager
@@ -804,6 +816,8 @@ def calibrate(model: Any, tokens: Any = None, *, text: Union[str, "os.PathLike[s
     once with only that layer's K and once with only its V through its best NVFP4 mode; the mean
     next-token KL divergence from the exact run is that layer's ``k_model_kl`` and ``v_model_kl``,
     and the policy spends FP8 on K, then V, of the layers where it is largest (docs/calibration.md).
+    ``model_kl="saved"`` measures instead what keeping each side exact saves with every other side
+    through its best mode (2 x layers + 2 passes; measured worse on SmolLM2, docs/calibration.md).
 
     tokens:     the token ids, a 1-D sequence (list, NumPy or PyTorch), or
     text:       the text itself (a str), or a file's path (a pathlib.Path), with ``tokenizer``: its
@@ -825,6 +839,9 @@ def calibrate(model: Any, tokens: Any = None, *, text: Union[str, "os.PathLike[s
         raise ValueError("calibrate: samples must be in [16, %d] (what is measured) and chunk >= 1, got %d and %d"
                          % (CALIBRATION_TOKENS, samples, chunk))
     kl_tokens = min(KL_TOKENS, samples) if kl_tokens is None else int(kl_tokens)
+    if model_kl not in (False, True, "alone", "saved"):
+        raise ValueError("calibrate: model_kl: False, True (\"alone\") or \"saved\", got %r" % (model_kl,))
+    measure = "saved" if model_kl == "saved" else "alone"
     if model_kl and not 16 <= kl_tokens <= samples:
         raise ValueError("calibrate: kl_tokens must be in [16, samples = %d], got %d" % (samples, kl_tokens))
     if text is not None:
@@ -867,12 +884,12 @@ def calibrate(model: Any, tokens: Any = None, *, text: Union[str, "os.PathLike[s
     kl = None
     if model_kl:
         modes = nvfp4kv.calibrate(arrays, bits=4.5)  # each layer's best mode and its global scales, no FP8
-        bar.end("nvfp4kv calibrate: model KL of each layer's K and V in its best mode on %d tokens (%d forward passes)"
-                % (kl_tokens, 2 * layers + 1))
+        bar.end("nvfp4kv calibrate: model KL of each layer's K and V in its best mode (%s) on %d tokens (%d forward "
+                "passes)" % (measure, kl_tokens, 2 * layers + (2 if measure == "saved" else 1)))
         layer_bar = _Progress(layers, progress)
         try:
             model.set_attn_implementation(CALIBRATE_NAME)  # the same eager attention, recording nothing
-            kl = _model_kl(model, ids[:kl_tokens], chunk, modes, layer_bar)
+            kl = _model_kl(model, ids[:kl_tokens], chunk, modes, layer_bar, measure)
         finally:
             model.set_attn_implementation(before)
     result = nvfp4kv.calibrate(arrays, bits=bits, out=out, model_kl=kl)

@@ -37,6 +37,26 @@ class OneSideQuantized(transformers.DynamicCache):
         return super().update(k, v, layer_idx, *args, **kwargs)
 
 
+class AllButOneQuantized(transformers.DynamicCache):
+    """Every layer's K and V through the calibration's format of that layer except layer `layer`'s
+    K (side "k") or V ("v"), which stays exact (layer None: every side quantized)."""
+
+    def __init__(self, config, cal, layer, side):
+        super().__init__(config=config)
+        layers, heads, dim = nt._kv_dims(config)
+        self.keep, self.cal = (layer, side), cal
+        mean = cal["format"].get("k_mean")
+        self.mu = np.asarray(mean, np.float32).reshape(layers, heads, dim) if mean else None
+
+    def update(self, k, v, layer_idx, *args, **kwargs):
+        fmt, scales = self.cal["format"]["layers"][layer_idx], self.cal["per_layer"][layer_idx]
+        if self.keep != (layer_idx, "k"):
+            k = nt._through_format(k, fmt["k"], scales["k_global_scale"], None if self.mu is None else self.mu[layer_idx])
+        if self.keep != (layer_idx, "v"):
+            v = nt._through_format(v, fmt["v"], scales["v_global_scale"])
+        return super().update(k, v, layer_idx, *args, **kwargs)
+
+
 def kl_of(cal):
     return {side: [layer["%s_model_kl" % side] for layer in cal["per_layer"]] for side in "kv"}
 
@@ -72,6 +92,25 @@ def test_model_kl_is_the_kl_of_the_model_with_only_that_side_quantized(family):
     assert abs(direct_kl(model, torch.from_numpy(ids), OneSideQuantized(model.config, cal, 0, "k"), 40)
                - kl["k"][0]) > 1e-3 * kl["k"][0]
     assert abs(kl["k"][1] - kl["k"][0]) > 1e-3 * kl["k"][0] and abs(kl["v"][0] - kl["k"][0]) > 1e-3 * kl["k"][0]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_saved_is_what_one_exact_side_saves_with_every_other_side_quantized(family):
+    model = tiny(family)
+    ids = np.random.default_rng(17).integers(1, 96, 96)
+    cal = nt.calibrate(model, ids, samples=96, chunk=40, model_kl="saved", kl_tokens=80, progress=False)
+    kl, first = kl_of(cal), torch.from_numpy(ids[:80])
+    everything = direct_kl(model, first, AllButOneQuantized(model.config, cal, None, None), 40)
+    assert everything > 1e-4, everything
+    for layer in range(2):
+        for side in "kv":
+            want = max(everything - direct_kl(model, first, AllButOneQuantized(model.config, cal, layer, side), 40), 0.0)
+            assert abs(kl[side][layer] - want) < 1e-6 * everything, (layer, side, kl[side][layer], want)
+    # Not the same figure as a side quantized alone ("alone", model_kl=True).
+    alone = kl_of(nt.calibrate(model, ids, samples=96, chunk=40, model_kl=True, kl_tokens=80, progress=False))
+    assert any(abs(alone[s][l] - kl[s][l]) > 1e-3 * everything for s in "kv" for l in range(2)), (alone, kl)
+    with pytest.raises(ValueError, match=r"model_kl: False, True \(.alone.\) or .saved., got 'both'"):
+        nt.calibrate(model, ids, samples=96, model_kl="both")
 
 
 def test_a_side_kept_exactly_has_no_model_kl():
