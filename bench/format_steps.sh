@@ -86,6 +86,12 @@ echo "racecheck rc $?"; tail -2 "$LOGS/racecheck.log"
 # The SM clock and power while the benchmarks run (phases.txt says which ran when).
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 100 > "$LOGS/clocks.csv" 2>&1 &
 smi=$!
+# The store per format first: the transform grids below can run long, and the call stops at 600 s.
+if [ "${NVFP4KV_STORE_FORMATS:-0}" = 1 ]; then
+  step "store and gather per format beside plain (nvfp4kv_bench --formats)"
+  timeout 120 build/gpu/nvfp4kv_bench --formats --markdown "$OUT/store_formats.md" > "$LOGS/store_formats.log" 2>&1
+  echo "nvfp4kv_bench rc $?"; grep -E "^\|" "$OUT/store_formats.md" | head -40
+fi
 if [ -n "$plain_decode$plain_prefill" ]; then
   step "plain caches, the trees alternating (${tags[*]})"
   for rep in $(seq "${NVFP4KV_REPS:-3}"); do
@@ -120,11 +126,6 @@ if [ -n "$transforms$decode_transforms" ] && [ -n "$transform_decode$transform_p
     done
   done
   grep -v '^{' "$OUT/transforms.jsonl" | head -5
-fi
-if [ "${NVFP4KV_STORE_FORMATS:-0}" = 1 ]; then
-  step "store and gather per format beside plain (nvfp4kv_bench --formats)"
-  timeout 120 build/gpu/nvfp4kv_bench --formats --markdown "$OUT/store_formats.md" > "$LOGS/store_formats.log" 2>&1
-  echo "nvfp4kv_bench rc $?"; grep -E "^\|" "$OUT/store_formats.md" | head -40
 fi
 kill $smi 2>/dev/null
 
