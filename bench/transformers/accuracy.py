@@ -41,6 +41,14 @@ layer's model KL (its K alone, and its V alone, through its best mode) and ranks
 policy-B-attn-sim is the same budget with the layers ranked by attention error alone (the
 calibration before model KL, model_kl=False); policy-B-saved-sim ranks them by what keeping each
 side exact saves with every other side quantized (model_kl="saved").
+k-hadamard-sim, k-pca-sim, k-pca-h16-sim: K minus its calibration mean, rotated per (layer, KV
+head) by an orthonormal R before NVFP4 (4over6, global scale from the rotated calibration K's
+amax) and rotated back, V as nvfp4-all stores it (4over6, whole-head Hadamard); simulated, since
+no cache format holds a learned R yet. R is the whole-head Hadamard (the control: nvfp4-all's K
+with calibrated global scales), the principal axes of the calibration K by decreasing variance
+(channels of like spread share a scale block), or those axes followed by a 16-point Hadamard in
+each block (outliers spread within blocks of like spread). Attention would rotate q by the same R
+once per query head (q . k = qR . kR).
 nvfp4-first-bf16: the nvfp4 row's values except each window's first token (BOS where the
 tokenizer adds it) kept in BF16, simulated in a DynamicCache: what a higher-precision side region
 for the attention sink would buy, measured before building one.
@@ -70,7 +78,7 @@ import math
 import os
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -94,7 +102,7 @@ INPUTS = "accuracy-inputs.npz"  # the token ids, in stage_gpu.py's first part
 ROWS = ["bf16", "fp8", "nvfp4", "nvfp4-cal", "nvfp4-4over6", "nvfp4-4over6-cal", "quanto-int4", "quanto-int2",
         "hqq-4", "nvfp4-rot", "nvfp4-smooth", "nvfp4-all", "k-fp8-v-nvfp4", "nvfp4-calibrated", "nvfp4-calibrated-gs1", "nvfp4-first-bf16",
         "policy-4.5-sim", "policy-5.3-sim", "policy-6-sim", "policy-5.3-attn-sim", "policy-6-attn-sim",
-        "policy-5.3-saved-sim", "policy-6-saved-sim"]
+        "policy-5.3-saved-sim", "policy-6-saved-sim", "k-hadamard-sim", "k-pca-sim", "k-pca-h16-sim"]
 # The cache format of each format row (its k_mean filled in from the calibration text).
 FORMATS = {
     "nvfp4-rot": {"layers": [{"k": {"rotation": "head"}, "v": {"rotation": "head"}}]},
@@ -232,15 +240,85 @@ class AmaxCache(DynamicCache):
     """A DynamicCache that records each layer's K and V amax and K's sum per (KV head, channel)
     (calibration)."""
 
-    def __init__(self, config, amax: np.ndarray, k_sum: np.ndarray, k_count: np.ndarray):
+    def __init__(self, config, amax: np.ndarray, k_sum: np.ndarray, k_count: np.ndarray,
+                 k_outer: Optional[np.ndarray] = None):
         super().__init__(config=config)
-        self.amax, self.k_sum, self.k_count = amax, k_sum, k_count
+        self.amax, self.k_sum, self.k_count, self.k_outer = amax, k_sum, k_count, k_outer
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         self.amax[layer_idx, 0] = max(self.amax[layer_idx, 0], float(key_states.float().abs().max()))
         self.amax[layer_idx, 1] = max(self.amax[layer_idx, 1], float(value_states.float().abs().max()))
         self.k_sum[layer_idx] += key_states.double().sum(dim=(0, 2)).cpu().numpy()  # (heads, D)
         self.k_count[layer_idx] += key_states.shape[0] * key_states.shape[2]
+        if self.k_outer is not None:  # (heads, D, D): sum of k k^T per KV head
+            k = key_states.double()
+            self.k_outer[layer_idx] += torch.einsum("bhtd,bhte->hde", k, k).cpu().numpy()
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+def hadamard_matrix(n: int) -> np.ndarray:
+    """Sylvester's orthonormal Hadamard matrix of order n (a power of two), float64."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / math.sqrt(n)
+
+
+def k_rotations(kind: str, k_mean: np.ndarray, k_cov: np.ndarray) -> np.ndarray:
+    """(layers, kv heads, D, D) orthonormal R per (layer, KV head) for the k-*-sim rows; K rows
+    are stored as (k - mu) R. kind: "hadamard" (the whole head's, a power-of-two D), "pca" (the
+    eigenvectors of K's calibration covariance by decreasing eigenvalue), "pca-h16" (those, then
+    a 16-point Hadamard within each block of 16)."""
+    layers, heads, dim = k_mean.shape
+    out = np.zeros((layers, heads, dim, dim))
+    for layer in range(layers):
+        for head in range(heads):
+            if kind == "hadamard":
+                out[layer, head] = hadamard_matrix(dim)
+                continue
+            w, v = np.linalg.eigh(k_cov[layer, head])
+            r = v[:, np.argsort(w)[::-1]]
+            if kind == "pca-h16":
+                r = r @ np.kron(np.eye(dim // 16), hadamard_matrix(16))
+            out[layer, head] = r
+    return out
+
+
+class RotatedKCache(DynamicCache):
+    """The k-*-sim rows: K minus mu, times R (float64), rounded to float32, NVFP4 through
+    reference.quantize / dequantize (4over6, global scale k_scales[layer]), times R^T, plus mu;
+    V through nt._through_format as nvfp4-all's format stores it (4over6, whole-head rotation,
+    global scale v_scales[layer])."""
+
+    def __init__(self, config, k_mean: np.ndarray, rotations: np.ndarray, k_scales, v_scales):
+        super().__init__(config=config)
+        self.mu, self.r, self.k_scales, self.v_scales = k_mean, rotations, k_scales, v_scales
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        b, h, t, d = key_states.shape
+        rows = key_states.transpose(1, 2).to(torch.bfloat16).double().reshape(-1, h, d).cpu().numpy()
+        rot = np.einsum("nhd,hde->nhe", rows - self.mu[layer_idx], self.r[layer_idx]).astype(np.float32)
+        gs = float(self.k_scales[layer_idx])
+        back = reference.dequantize(*reference.quantize(rot, gs, "4over6"), gs).astype(np.float64)
+        k = np.einsum("nhe,hde->nhd", back, self.r[layer_idx]) + self.mu[layer_idx]
+        k = torch.from_numpy(k.astype(np.float32)).view(b, t, h, d).transpose(1, 2).to(key_states.device,
+                                                                                         key_states.dtype)
+        v = nt._through_format(value_states, {"rule": "4over6", "rotation": "head"}, float(self.v_scales[layer_idx]))
+        return super().update(k, v, layer_idx, *args, **kwargs)
+
+
+class RotatedAmaxCache(DynamicCache):
+    """Records each layer's amax of (K - mu) R over the calibration text (the k-*-sim rows' global
+    scales)."""
+
+    def __init__(self, config, k_mean: np.ndarray, rotations: np.ndarray, amax: np.ndarray):
+        super().__init__(config=config)
+        self.mu, self.r, self.amax = k_mean, rotations, amax
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        rows = key_states.transpose(1, 2).double().cpu().numpy()  # (b, t, h, d)
+        rot = np.einsum("bthd,hde->bthe", rows - self.mu[layer_idx], self.r[layer_idx])
+        self.amax[layer_idx] = max(self.amax[layer_idx], float(np.abs(rot).max()))
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
@@ -253,6 +331,8 @@ class Setup:
     bos: Optional[int] = None  # the BOS id every window begins with, where the tokenizer adds one
     policies: Dict[str, Dict] = dataclasses.field(default_factory=dict)  # calibrations by policy row
     calibration: Optional[Dict] = None   # nvfp4kv.calibrate's file, from samples of the calibration text
+    k_cov: Optional[np.ndarray] = None  # (layers, kv heads, D, D) K's covariance over the calibration text
+    k_rotations: Dict[str, Tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)  # R, K amax
 
 
 def policy_bits(row: str) -> float:
@@ -271,6 +351,10 @@ def make_cache(row: str, s: Setup, max_tokens: int):
         return KFp8VNvfp4Cache(config, s.amax[:, 0] / 448.0), "sdpa"
     if row == "nvfp4-first-bf16":
         return FirstTokensCache(config, 1), "sdpa"
+    if row in ("k-hadamard-sim", "k-pca-sim", "k-pca-h16-sim"):
+        r, k_amax = s.k_rotations[row]
+        rec = reference.recommend_global_scale
+        return RotatedKCache(config, s.k_mean, r, [rec(a) for a in k_amax], [rec(a) for a in s.amax[:, 1]]), "sdpa"
     if row.startswith("policy-"):
         return PolicyCache(config, s.policies[row]), "sdpa"
     if row in ("nvfp4-calibrated", "nvfp4-calibrated-gs1"):
@@ -322,17 +406,35 @@ def calibration_file(model, tokens: torch.Tensor, length: int, bits: float, bos:
                         kl_tokens=kl_tokens)
 
 
-def calibrate(model, tokens: torch.Tensor, windows: int, length: int, bos: Optional[int] = None):
-    """(amax (layers, 2), K mean (layers, kv heads, D)) over the held-out text."""
+def calibrate(model, tokens: torch.Tensor, windows: int, length: int, bos: Optional[int] = None,
+              covariance: bool = False):
+    """(amax (layers, 2), K mean (layers, kv heads, D), K covariance (layers, kv heads, D, D) or
+    None) over the held-out text."""
     layers, heads, dim = nt._kv_dims(model.config)
     amax = np.zeros((layers, 2), np.float64)
     k_sum, k_count = np.zeros((layers, heads, dim), np.float64), np.zeros(layers, np.int64)
+    k_outer = np.zeros((layers, heads, dim, dim)) if covariance else None
     set_attention(model, "sdpa")
     with torch.no_grad():
         for w in range(windows):
             ids = windows_of(tokens, range(w, w + 1), length, model.device, bos)
-            model(ids, past_key_values=AmaxCache(model.config, amax, k_sum, k_count), use_cache=True)
-    return amax, k_sum / k_count[:, None, None]
+            model(ids, past_key_values=AmaxCache(model.config, amax, k_sum, k_count, k_outer), use_cache=True)
+    mean = k_sum / k_count[:, None, None]
+    cov = None
+    if covariance:
+        cov = k_outer / k_count[:, None, None, None] - np.einsum("lhd,lhe->lhde", mean, mean)
+    return amax, mean, cov
+
+
+def rotated_k_amax(model, tokens: torch.Tensor, windows: int, length: int, k_mean: np.ndarray,
+                   rotations: np.ndarray, bos: Optional[int] = None) -> np.ndarray:
+    """(layers,) amax of (K - mu) R over the same held-out windows as calibrate()."""
+    amax = np.zeros(k_mean.shape[0])
+    with torch.no_grad():
+        for w in range(windows):
+            ids = windows_of(tokens, range(w, w + 1), length, model.device, bos)
+            model(ids, past_key_values=RotatedAmaxCache(model.config, k_mean, rotations, amax), use_cache=True)
+    return amax
 
 
 def run_window(row: str, s: Setup, ids: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -669,8 +771,15 @@ def main(argv=None) -> int:
     log("%s on %s: eval tokens available %d (of %d characters), calibration tokens %d, prompts %d" % (
         name, args.device, eval_tokens.numel(), inputs["meta"]["eval_chars"], cal_tokens.numel(),
         len(inputs["prompts"])))
-    amax, k_mean = calibrate(model, cal_tokens, args.calibrate_windows, 512, inputs["meta"].get("bos"))
-    setup = Setup(model, amax, args.device, k_mean, bos=inputs["meta"].get("bos"))
+    rotated = [r for r in rows if r in ("k-hadamard-sim", "k-pca-sim", "k-pca-h16-sim")]
+    amax, k_mean, k_cov = calibrate(model, cal_tokens, args.calibrate_windows, 512, inputs["meta"].get("bos"),
+                                    covariance=bool(rotated))
+    setup = Setup(model, amax, args.device, k_mean, bos=inputs["meta"].get("bos"), k_cov=k_cov)
+    for row in rotated:
+        r = k_rotations(row[len("k-"):-len("-sim")], k_mean, k_cov)
+        setup.k_rotations[row] = (r, rotated_k_amax(model, cal_tokens, args.calibrate_windows, 512, k_mean, r,
+                                                     setup.bos))
+        log("%s: rotated K amax per layer %s" % (row, np.round(setup.k_rotations[row][1], 2).tolist()))
     if "nvfp4-calibrated" in rows or "nvfp4-calibrated-gs1" in rows:
         setup.calibration = calibration_file(model, cal_tokens, args.calibrate_sample_tokens, 4.5, setup.bos)
         log("calibrated per-layer modes: %s" % [p["best_mode"] for p in setup.calibration["per_layer"]])

@@ -35,6 +35,9 @@ LABELS = {
     "policy-6-attn-sim": "calibrated per-layer policy, <= 6 bits, layers ranked by attention error (simulated)",
     "nvfp4-first-bf16": "NVFP4 with each window's first token in BF16 (simulated; its side region, +11.5/L bits "
                         "per value at context L, not counted)",
+    "k-hadamard-sim": "K - mu, whole-head Hadamard, 4over6; V 4over6 + rotation; calibrated scales (simulated control)",
+    "k-pca-sim": "K - mu rotated onto its principal axes, 4over6; V as the control (simulated)",
+    "k-pca-h16-sim": "K - mu on its principal axes, then Hadamard-16 per block, 4over6; V as the control (simulated)",
     "quanto-int4": "transformers QuantizedCache quanto int4",
     "quanto-int2": "transformers QuantizedCache quanto int2",
     "hqq-4": "transformers QuantizedCache HQQ 4-bit",

@@ -60,3 +60,52 @@ def test_the_simulated_policy_is_what_the_cache_stores(family):
     mixed = nt.KVCache(model.config, max_tokens=64, device="cpu", format=fmt, global_scales=(0.004, 0.003))
     assert len(mixed.writers) == 2
     assert relative_gap(moved, run(model, mixed, nt.NAME, ids, mask, chunks), mask) < 1e-5
+
+
+def test_the_rotated_k_simulation_with_the_hadamard_is_what_the_cache_stores():
+    # The k-*-sim rows' machinery: with R the whole-head Hadamard it must hold what KVCache stores
+    # for K - mu rotated by the head's Hadamard with 4over6 (and V as that row's format), so the
+    # PCA rows differ from the cache's own control by R alone.
+    torch = pytest.importorskip("torch", reason="the harness runs models in PyTorch")
+    pytest.importorskip("transformers", reason="the harness runs transformers models")
+    import accuracy
+    import nvfp4kv.transformers as nt
+    from test_transformers import batch, relative_gap, run, tiny
+
+    model = tiny("llama")
+    layers, heads, dim = nt._kv_dims(model.config)
+    g = np.random.default_rng(5)
+    mu = (g.standard_normal((layers, heads, dim)) * 0.3).astype(np.float32)
+    r = accuracy.k_rotations("hadamard", mu, None)
+    cache = accuracy.RotatedKCache(model.config, mu, r, [0.004] * layers, [0.003] * layers)
+    ids, mask = batch(model.config.vocab_size, [40], 0)
+    chunks = [24, 8, 1, 1, 1, 1, 1, 1, 1, 1]
+    got = run(model, cache, "eager", ids, mask, chunks)
+    side = {"rule": "4over6", "rotation": "head"}
+    stored = nt.KVCache(model.config, max_tokens=64, device="cpu", format={"layers": [{"k": side, "v": side}], "k_mean": mu},
+                        global_scales=(0.004, 0.003))
+    want = run(model, stored, nt.NAME, ids, mask, chunks)
+    gap = relative_gap(got, want, mask)
+    # The simulation rotates in float64 and the writer in float32 butterflies; measured 3.6e-7 apart
+    # (a code rounding the other way would show as ~1e-4). Without mu the gap is ~0.09.
+    no_mu = run(model, accuracy.RotatedKCache(model.config, 0 * mu, r, [0.004] * layers, [0.003] * layers),
+                "eager", ids, mask, chunks)
+    print("hadamard simulation vs the cache: %.3g; mu left out: %.3g" % (gap, relative_gap(no_mu, want, mask)))
+    assert gap < 1e-5 and relative_gap(no_mu, want, mask) > 1e-2
+
+
+def test_the_principal_axes_are_orthonormal_and_sorted():
+    import accuracy
+    g = np.random.default_rng(7)
+    a = g.standard_normal((2, 3, 32, 32))
+    cov = np.einsum("lhij,lhkj->lhik", a, a)  # symmetric positive definite per (layer, head)
+    mu = np.zeros((2, 3, 32))
+    for kind in ("pca", "pca-h16"):
+        r = accuracy.k_rotations(kind, mu, cov)
+        for layer in range(2):
+            for head in range(3):
+                assert np.allclose(r[layer, head].T @ r[layer, head], np.eye(32), atol=1e-12)
+    d = np.einsum("lhdi,lhde,lhej->lhij", accuracy.k_rotations("pca", mu, cov), cov, accuracy.k_rotations("pca", mu, cov))
+    diag = np.diagonal(d, axis1=2, axis2=3)
+    assert np.allclose(d - np.einsum("lhi,ij->lhij", diag, np.eye(32)), 0, atol=1e-8 * np.abs(d).max())
+    assert (np.diff(diag, axis=2) <= 1e-9).all()  # variances in decreasing order
