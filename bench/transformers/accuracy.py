@@ -49,6 +49,13 @@ with calibrated global scales), the principal axes of the calibration K by decre
 (channels of like spread share a scale block), or those axes followed by a 16-point Hadamard in
 each block (outliers spread within blocks of like spread). Attention would rotate q by the same R
 once per query head (q . k = qR . kR).
+k-qscale-sim, k-qscale-hadamard-sim: as above with R = diag(1 / lambda) (then the whole-head
+Hadamard), lambda_i = (var(k_i) / E[q_i^2])^(1/4) per (layer, KV head, channel) from the calibration
+text's K and queries (the query heads of a KV head's group summed), which minimizes the expected
+(q . error)^2 of a block-scaled format whose error per value is proportional to its block's RMS;
+attention would multiply q by R^-T once per query head.
+policy-B-qscale-sim: policy-B-attn-sim's layers and V, with K in its NVFP4 layers stored as
+k-qscale-hadamard-sim stores it (in place of the calibration's K mode there).
 nvfp4-first-bf16: the nvfp4 row's values except each window's first token (BOS where the
 tokenizer adds it) kept in BF16, simulated in a DynamicCache: what a higher-precision side region
 for the attention sink would buy, measured before building one.
@@ -102,7 +109,10 @@ INPUTS = "accuracy-inputs.npz"  # the token ids, in stage_gpu.py's first part
 ROWS = ["bf16", "fp8", "nvfp4", "nvfp4-cal", "nvfp4-4over6", "nvfp4-4over6-cal", "quanto-int4", "quanto-int2",
         "hqq-4", "nvfp4-rot", "nvfp4-smooth", "nvfp4-all", "k-fp8-v-nvfp4", "nvfp4-calibrated", "nvfp4-calibrated-gs1", "nvfp4-first-bf16",
         "policy-4.5-sim", "policy-5.3-sim", "policy-6-sim", "policy-5.3-attn-sim", "policy-6-attn-sim",
-        "policy-5.3-saved-sim", "policy-6-saved-sim", "k-hadamard-sim", "k-pca-sim", "k-pca-h16-sim"]
+        "policy-5.3-saved-sim", "policy-6-saved-sim", "k-hadamard-sim", "k-pca-sim", "k-pca-h16-sim",
+        "k-qscale-sim", "k-qscale-hadamard-sim", "policy-5.3-qscale-sim", "policy-6-qscale-sim"]
+# Rows whose K is stored as (k - mu) R for an R from the calibration text (RotatedKCache).
+ROTATED_K_ROWS = ("k-hadamard-sim", "k-pca-sim", "k-pca-h16-sim", "k-qscale-sim", "k-qscale-hadamard-sim")
 # The cache format of each format row (its k_mean filled in from the calibration text).
 FORMATS = {
     "nvfp4-rot": {"layers": [{"k": {"rotation": "head"}, "v": {"rotation": "head"}}]},
@@ -264,9 +274,36 @@ def hadamard_matrix(n: int) -> np.ndarray:
     return h / math.sqrt(n)
 
 
-def k_rotations(kind: str, k_mean: np.ndarray, k_cov: np.ndarray) -> np.ndarray:
-    """(layers, kv heads, D, D) orthonormal R per (layer, KV head) for the k-*-sim rows; K rows
-    are stored as (k - mu) R. kind: "hadamard" (the whole head's, a power-of-two D), "pca" (the
+def query_energy(model, tokens: torch.Tensor, windows: int, length: int, bos: Optional[int] = None) -> np.ndarray:
+    """(layers, kv heads, D) E[q_i^2] summed over each KV head's query heads, over the held-out
+    windows, with q scaled so that q . k / sqrt(D) is the model's logit (nvfp4kv.transformers'
+    calibration recorder)."""
+    layers, heads, dim = nt._kv_dims(model.config)
+    out, count = np.zeros((layers, heads, dim)), np.zeros(layers)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(nt.CALIBRATE_NAME)
+    try:
+        with torch.no_grad():
+            for w in range(windows):
+                pieces: Dict[str, List[np.ndarray]] = {}
+                nt._state.calibration = pieces
+                ids = windows_of(tokens, range(w, w + 1), length, model.device, bos)
+                model(ids, past_key_values=DynamicCache(config=model.config), use_cache=True)
+                for layer in range(layers):
+                    q = np.concatenate(pieces["q_%d" % layer]).astype(np.float64)  # (tokens, q heads, D)
+                    group = q.shape[1] // heads
+                    out[layer] += (q ** 2).reshape(q.shape[0], heads, group, dim).sum(axis=(0, 2))
+                    count[layer] += q.shape[0]
+    finally:
+        nt._state.calibration = None
+        model.set_attn_implementation(previous)
+    return out / count[:, None, None]
+
+
+def k_rotations(kind: str, k_mean: np.ndarray, k_cov: np.ndarray, q_energy: Optional[np.ndarray] = None) -> np.ndarray:
+    """(layers, kv heads, D, D) R per (layer, KV head) for the k-*-sim rows (orthonormal but for
+    the qscale kinds); K rows are stored as (k - mu) R. kind: "qscale" / "qscale-hadamard"
+    (diag(1 / lambda), then the whole head's Hadamard; q_energy: query_energy()), "hadamard" (the whole head's, a power-of-two D), "pca" (the
     eigenvectors of K's calibration covariance by decreasing eigenvalue), "pca-h16" (those, then
     a 16-point Hadamard within each block of 16)."""
     layers, heads, dim = k_mean.shape
@@ -275,6 +312,12 @@ def k_rotations(kind: str, k_mean: np.ndarray, k_cov: np.ndarray) -> np.ndarray:
         for head in range(heads):
             if kind == "hadamard":
                 out[layer, head] = hadamard_matrix(dim)
+                continue
+            if kind.startswith("qscale"):
+                var = np.maximum(np.diagonal(k_cov[layer, head]), 1e-12)
+                lam = (var / np.maximum(q_energy[layer, head], 1e-12)) ** 0.25
+                lam /= np.exp(np.log(lam).mean())
+                out[layer, head] = np.diag(1 / lam) @ (hadamard_matrix(dim) if kind == "qscale-hadamard" else np.eye(dim))
                 continue
             w, v = np.linalg.eigh(k_cov[layer, head])
             r = v[:, np.argsort(w)[::-1]]
@@ -286,25 +329,44 @@ def k_rotations(kind: str, k_mean: np.ndarray, k_cov: np.ndarray) -> np.ndarray:
 
 class RotatedKCache(DynamicCache):
     """The k-*-sim rows: K minus mu, times R (float64), rounded to float32, NVFP4 through
-    reference.quantize / dequantize (4over6, global scale k_scales[layer]), times R^T, plus mu;
+    reference.quantize / dequantize (4over6, global scale k_scales[layer]), times R^-1, plus mu;
     V through nt._through_format as nvfp4-all's format stores it (4over6, whole-head rotation,
     global scale v_scales[layer])."""
 
     def __init__(self, config, k_mean: np.ndarray, rotations: np.ndarray, k_scales, v_scales):
         super().__init__(config=config)
         self.mu, self.r, self.k_scales, self.v_scales = k_mean, rotations, k_scales, v_scales
+        self.r_inv = np.linalg.inv(rotations)  # R^T where R is orthonormal
 
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+    def k_through(self, key_states: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        """K (batch, heads, tokens, D) as this cache gives it back."""
         b, h, t, d = key_states.shape
         rows = key_states.transpose(1, 2).to(torch.bfloat16).double().reshape(-1, h, d).cpu().numpy()
         rot = np.einsum("nhd,hde->nhe", rows - self.mu[layer_idx], self.r[layer_idx]).astype(np.float32)
         gs = float(self.k_scales[layer_idx])
         back = reference.dequantize(*reference.quantize(rot, gs, "4over6"), gs).astype(np.float64)
-        k = np.einsum("nhe,hde->nhd", back, self.r[layer_idx]) + self.mu[layer_idx]
-        k = torch.from_numpy(k.astype(np.float32)).view(b, t, h, d).transpose(1, 2).to(key_states.device,
-                                                                                         key_states.dtype)
+        k = np.einsum("nhe,hed->nhd", back, self.r_inv[layer_idx]) + self.mu[layer_idx]
+        return torch.from_numpy(k.astype(np.float32)).view(b, t, h, d).transpose(1, 2).to(key_states.device,
+                                                                                            key_states.dtype)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        k = self.k_through(key_states, layer_idx)
         v = nt._through_format(value_states, {"rule": "4over6", "rotation": "head"}, float(self.v_scales[layer_idx]))
         return super().update(k, v, layer_idx, *args, **kwargs)
+
+
+class PolicyRotatedKCache(PolicyCache):
+    """A policy's FP8 layers and V as PolicyCache simulates them, K in its NVFP4 layers as
+    RotatedKCache stores it."""
+
+    def __init__(self, config, cal: Dict, rotated: "RotatedKCache"):
+        super().__init__(config, cal)
+        self.rotated = rotated
+
+    def _side(self, x: torch.Tensor, layer: int, side: int) -> torch.Tensor:
+        if side == 0 and self.formats[layer]["k"].get("element", "nvfp4") == "nvfp4":
+            return self.rotated.k_through(x, layer)
+        return super()._side(x, layer, side)
 
 
 class RotatedAmaxCache(DynamicCache):
@@ -337,7 +399,7 @@ class Setup:
 
 def policy_bits(row: str) -> float:
     """The bits budget of a policy-B-sim or policy-B-attn-sim row."""
-    return float(row[len("policy-"):-len("-sim")].replace("-attn", "").replace("-saved", ""))
+    return float(row[len("policy-"):-len("-sim")].replace("-attn", "").replace("-saved", "").replace("-qscale", ""))
 
 
 def make_cache(row: str, s: Setup, max_tokens: int):
@@ -351,10 +413,15 @@ def make_cache(row: str, s: Setup, max_tokens: int):
         return KFp8VNvfp4Cache(config, s.amax[:, 0] / 448.0), "sdpa"
     if row == "nvfp4-first-bf16":
         return FirstTokensCache(config, 1), "sdpa"
-    if row in ("k-hadamard-sim", "k-pca-sim", "k-pca-h16-sim"):
+    if row in ROTATED_K_ROWS:
         r, k_amax = s.k_rotations[row]
         rec = reference.recommend_global_scale
         return RotatedKCache(config, s.k_mean, r, [rec(a) for a in k_amax], [rec(a) for a in s.amax[:, 1]]), "sdpa"
+    if row.startswith("policy-") and row.endswith("-qscale-sim"):
+        r, k_amax = s.k_rotations["k-qscale-hadamard-sim"]
+        rec = reference.recommend_global_scale
+        rotated = RotatedKCache(config, s.k_mean, r, [rec(a) for a in k_amax], [rec(a) for a in s.amax[:, 1]])
+        return PolicyRotatedKCache(config, s.policies[row], rotated), "sdpa"
     if row.startswith("policy-"):
         return PolicyCache(config, s.policies[row]), "sdpa"
     if row in ("nvfp4-calibrated", "nvfp4-calibrated-gs1"):
@@ -771,12 +838,17 @@ def main(argv=None) -> int:
     log("%s on %s: eval tokens available %d (of %d characters), calibration tokens %d, prompts %d" % (
         name, args.device, eval_tokens.numel(), inputs["meta"]["eval_chars"], cal_tokens.numel(),
         len(inputs["prompts"])))
-    rotated = [r for r in rows if r in ("k-hadamard-sim", "k-pca-sim", "k-pca-h16-sim")]
+    rotated = [r for r in rows if r in ROTATED_K_ROWS]
+    if any(r.startswith("policy-") and r.endswith("-qscale-sim") for r in rows) and "k-qscale-hadamard-sim" not in rotated:
+        rotated.append("k-qscale-hadamard-sim")
     amax, k_mean, k_cov = calibrate(model, cal_tokens, args.calibrate_windows, 512, inputs["meta"].get("bos"),
                                     covariance=bool(rotated))
     setup = Setup(model, amax, args.device, k_mean, bos=inputs["meta"].get("bos"), k_cov=k_cov)
+    q_energy = None
+    if any("qscale" in r for r in rotated):
+        q_energy = query_energy(model, cal_tokens, args.calibrate_windows, 512, setup.bos)
     for row in rotated:
-        r = k_rotations(row[len("k-"):-len("-sim")], k_mean, k_cov)
+        r = k_rotations(row[len("k-"):-len("-sim")], k_mean, k_cov, q_energy)
         setup.k_rotations[row] = (r, rotated_k_amax(model, cal_tokens, args.calibrate_windows, 512, k_mean, r,
                                                      setup.bos))
         log("%s: rotated K amax per layer %s" % (row, np.round(setup.k_rotations[row][1], 2).tolist()))
@@ -786,7 +858,8 @@ def main(argv=None) -> int:
     for row in [r for r in rows if r.startswith("policy-")]:
         started = time.time()
         policy = calibration_file(model, cal_tokens, args.calibrate_sample_tokens, policy_bits(row), setup.bos,
-                                  model_kl="saved" if row.endswith("-saved-sim") else not row.endswith("-attn-sim"),
+                                  model_kl="saved" if row.endswith("-saved-sim") else
+                                  not row.endswith(("-attn-sim", "-qscale-sim")),
                                   kl_tokens=args.kl_tokens)
         setup.policies[row] = policy
         fp8 = ["%d%s" % (i, "".join(side for side in "kv" if layer[side]["element"] == "fp8_e4m3"))

@@ -109,3 +109,20 @@ def test_the_principal_axes_are_orthonormal_and_sorted():
     diag = np.diagonal(d, axis1=2, axis2=3)
     assert np.allclose(d - np.einsum("lhi,ij->lhij", diag, np.eye(32)), 0, atol=1e-8 * np.abs(d).max())
     assert (np.diff(diag, axis=2) <= 1e-9).all()  # variances in decreasing order
+
+
+def test_the_query_aware_channel_scales_balance_k_spread_against_query_energy():
+    import accuracy
+    g = np.random.default_rng(11)
+    a = g.standard_normal((1, 2, 32, 32))
+    cov = np.einsum("lhij,lhkj->lhik", a, a)
+    mu = np.zeros((1, 2, 32))
+    var = np.diagonal(cov, axis1=2, axis2=3)
+    q_energy = g.uniform(0.1, 10.0, (1, 2, 32))
+    lam = 1 / np.diagonal(accuracy.k_rotations("qscale", mu, cov, q_energy), axis1=2, axis2=3)
+    ratio = lam ** 4 * q_energy / var  # lambda^4 proportional to var / E[q^2]
+    assert np.allclose(ratio, ratio[..., :1], rtol=1e-9)
+    assert np.allclose(np.log(lam).mean(axis=2), 0, atol=1e-12)  # geometric mean 1
+    # Where the query energy follows K's spread every scale is 1: the Hadamard control exactly.
+    same = accuracy.k_rotations("qscale-hadamard", mu, cov, 7 * var)
+    assert np.allclose(same, accuracy.k_rotations("hadamard", mu, cov), atol=1e-12)
