@@ -267,11 +267,10 @@ class AmaxCache(DynamicCache):
 
 
 def hadamard_matrix(n: int) -> np.ndarray:
-    """Sylvester's orthonormal Hadamard matrix of order n (a power of two), float64."""
-    h = np.ones((1, 1))
-    while h.shape[0] < n:
-        h = np.block([[h, h], [h, -h]])
-    return h / math.sqrt(n)
+    """The orthonormal Hadamard matrix of order n (a power of two), float64: the rows of the
+    identity through the cache's own rotation (nt._hadamard, the writer's butterflies), so the
+    simulated rotations use the cache's sign convention by construction."""
+    return nt._hadamard(np.eye(n), n, 1.0 / math.sqrt(n))
 
 
 def query_energy(model, tokens: torch.Tensor, windows: int, length: int, bos: Optional[int] = None) -> np.ndarray:
@@ -302,10 +301,10 @@ def query_energy(model, tokens: torch.Tensor, windows: int, length: int, bos: Op
 
 def k_rotations(kind: str, k_mean: np.ndarray, k_cov: np.ndarray, q_energy: Optional[np.ndarray] = None) -> np.ndarray:
     """(layers, kv heads, D, D) R per (layer, KV head) for the k-*-sim rows (orthonormal but for
-    the qscale kinds); K rows are stored as (k - mu) R. kind: "qscale" / "qscale-hadamard"
-    (diag(1 / lambda), then the whole head's Hadamard; q_energy: query_energy()), "hadamard" (the whole head's, a power-of-two D), "pca" (the
-    eigenvectors of K's calibration covariance by decreasing eigenvalue), "pca-h16" (those, then
-    a 16-point Hadamard within each block of 16)."""
+    the qscale kinds); K rows are stored as (k - mu) R. kind: "hadamard" (the whole head's, a
+    power-of-two D), "pca" (the eigenvectors of K's calibration covariance by decreasing
+    eigenvalue), "pca-h16" (those, then a 16-point Hadamard within each block of 16), "qscale" /
+    "qscale-hadamard" (diag(1 / lambda), then the whole head's Hadamard; q_energy: query_energy())."""
     layers, heads, dim = k_mean.shape
     out = np.zeros((layers, heads, dim, dim))
     for layer in range(layers):
@@ -393,7 +392,6 @@ class Setup:
     bos: Optional[int] = None  # the BOS id every window begins with, where the tokenizer adds one
     policies: Dict[str, Dict] = dataclasses.field(default_factory=dict)  # calibrations by policy row
     calibration: Optional[Dict] = None   # nvfp4kv.calibrate's file, from samples of the calibration text
-    k_cov: Optional[np.ndarray] = None  # (layers, kv heads, D, D) K's covariance over the calibration text
     k_rotations: Dict[str, Tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)  # R, K amax
 
 
@@ -843,7 +841,7 @@ def main(argv=None) -> int:
         rotated.append("k-qscale-hadamard-sim")
     amax, k_mean, k_cov = calibrate(model, cal_tokens, args.calibrate_windows, 512, inputs["meta"].get("bos"),
                                     covariance=bool(rotated))
-    setup = Setup(model, amax, args.device, k_mean, bos=inputs["meta"].get("bos"), k_cov=k_cov)
+    setup = Setup(model, amax, args.device, k_mean, bos=inputs["meta"].get("bos"))
     q_energy = None
     if any("qscale" in r for r in rotated):
         q_energy = query_energy(model, cal_tokens, args.calibrate_windows, 512, setup.bos)
