@@ -132,9 +132,9 @@ def with_format(layout: Union[Layout, ValidLayout, Plan], format: Any) -> ValidL
     ``format`` is a dict in the format's JSON form (``k_mean`` may be a numpy array, any shape,
     C order), its JSON text, or a path to a file holding it. Checked against the layout's sizes;
     a bad field raises LayoutError naming it. A Cache over the result stores and reads through
-    the format (the CPU reference implements every format; on CUDA store and gather take every
-    format and decode every one; prefill and mixed attention every NVFP4 one, FP8 pages there
-    refused by name)."""
+    the format (the CPU reference and the CUDA kernels implement every format; decode and the
+    mixed call's decode routes read FP8 beside NVFP4 only in the native layouts' fp16-split
+    code order)."""
     import json as _json
     valid = check(layout)
     if isinstance(format, dict):

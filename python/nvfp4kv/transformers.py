@@ -130,17 +130,6 @@ def _format_doc(format: Any) -> Optional[Dict[str, Any]]:
     return None
 
 
-def _gpu_format_problem(groups: Dict[Tuple[str, str], List[int]]) -> Optional[str]:
-    """What in the format the CUDA kernels a KVCache runs cannot read yet (decode and prefill
-    read NVFP4 pages only, with or without transforms), or None."""
-    fp8 = sorted({side for g in groups for side, e in zip("KV", g) if e == "fp8_e4m3"})
-    if not fp8:
-        return None
-    return ("KVCache: the format holds %s as fp8_e4m3 in some layers; on CUDA the decode and prefill kernels "
-            "read NVFP4 pages only so far (the GPU's store and gather take FP8 pages; device='cpu' runs the "
-            "reference, which takes every format)" % " and ".join(fp8))
-
-
 def _element_groups(doc: Optional[Dict[str, Any]], layers: int) -> Dict[Tuple[str, str], List[int]]:
     """The model's layers by (K element, V element) of the format, in order of first appearance.
     A malformed format makes one group: with_format then names what is wrong with it."""
@@ -223,9 +212,8 @@ class KVCache(Cache):
                  tensor the element format (NVFP4 or FP8 E4M3), the scale rule, a Hadamard rotation,
                  K smoothing mu; the writer and every reader take it from the one layout object.
                  Layers whose K/V elements differ live in one native cache per combination
-                 (``writers``, ``route(layer)``). The CPU reference implements every format; on CUDA
-                 every NVFP4 format runs, and FP8 layers are refused when the cache is made
-                 (decode and prefill read NVFP4 pages only so far). Its rules replace ``rule``.
+                 (``writers``, ``route(layer)``). The CPU reference and the CUDA kernels implement
+                 every format. Its rules replace ``rule``.
     calibration: a calibration file (``nvfp4kv calibrate``): its recommended format and global
                  scales, after checking it was made for this model's layers, kv heads and head dim
                  (a mismatch raises before anything is allocated).
@@ -267,10 +255,6 @@ class KVCache(Cache):
         # per side): one nvfp4kv cache per group, each layer stored and read in its group's.
         doc = _format_doc(format) if format is not None else None
         groups = _element_groups(doc, layers)
-        if self.device.type == "cuda":
-            problem = _gpu_format_problem(groups)
-            if problem is not None:
-                raise nvfp4kv.UnsupportedError(problem)
         if len(groups) > 1 and layout is not None:
             raise ValueError("KVCache: the format stores layers in %d element formats (%s); a layout of one's own holds "
                              "one per side, so leave layout= out (the native layout is planned per group)"

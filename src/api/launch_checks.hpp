@@ -36,37 +36,20 @@ inline Result gpu_cache_checks(const ValidLayout& layout, const CacheBuffers& bu
   return {};
 }
 
-// What a kernel family reads of a layer's format (core/cache_format.hpp).
-struct FormatSupport {
-  bool fp8 = true;           // FP8 E4M3 pages on either side
-  const char* instead = "";  // who does read what this family refuses, for the message
-  // (Rotations and K smoothing: every family takes them, so there is no flag to refuse them.)
-};
-
-// The layer's format as the kernels take it (kernels/common/format_view.hpp), after the
-// family's refusals: a layer whose format this family cannot honour is refused by name,
-// never read or written as if it were plain NVFP4. k_mean is the caller's device copy of
-// format.k_mean, required exactly when the format smooths K. implicit_rule is the rule of
-// a layout without a format (the store call's; readers ignore rules).
-// The families' reach: store, gather and decode take every format (decode with rotations and
-// K smoothing folded into its query and output steps, FP8 sides through their dequantize
-// part); prefill, and so a mixed batch and its short-query route, every NVFP4 format.
-inline constexpr FormatSupport kStoreGatherDecodeFormats{};
-inline constexpr FormatSupport kPrefillFormats{
-    .fp8 = false, .instead = "store, gather and decode_attention take FP8 pages on the GPU, the CPU reference reads them"};
-
-inline Result layer_format_view(const ValidLayout& layout, int64_t layer, const float* k_mean, FormatSupport support,
-                                const char* who, ScaleRule implicit_rule, kernels::LayerFormatView* out) {
+// The layer's format as the kernels take it (kernels/common/format_view.hpp). Every family
+// takes every format (store by its row kernel where a layer rotates, smooths or gives its NVFP4
+// sides two rules, gather where a layer is not plain NVFP4;
+// decode and prefill with rotations and K smoothing folded into their query and output
+// steps and FP8 sides through their dequantize parts), so nothing is refused here; what is
+// checked is mu's device copy. k_mean is the caller's device copy of format.k_mean, required
+// exactly when the format smooths K. implicit_rule is the rule of a layout without a format
+// (the store call's; readers ignore rules).
+inline Result layer_format_view(const ValidLayout& layout, int64_t layer, const float* k_mean, const char* who,
+                                ScaleRule implicit_rule, kernels::LayerFormatView* out) {
   const CacheDims& d = layout.layout().dims;
   const CacheFormat& f = layout.format();
   kernels::LayerFormatView v;
   v.k.element = d.k_element, v.v.element = d.v_element;
-  if (!support.fp8)
-    for (Side s : {Side::kK, Side::kV})
-      if (d.fp8(s))
-        return {Status::kUnsupported, std::string(who) + ": layout " + quote_text(layout.layout().name) + " holds " +
-                                          (s == Side::kK ? "K" : "V") + " as fp8_e4m3; " + who +
-                                          " reads NVFP4 pages only so far (" + support.instead + ")"};
   if (f.has_k_mean() && !k_mean)
     return invalid(who, "the layout's format smooths K (format.k_mean): pass a device copy of its k_mean "
                         "(layers x kv heads x head_dim floats) as args.k_mean");

@@ -26,6 +26,7 @@
 #include "nvfp4kv/reference/cache.hpp"
 #include "../../src/api/attention_runs.hpp"  // api::prepare_prefill, kernels::launch_prefill: a forced stage count
 #include "attention_check.hpp"
+#include "odd_layouts.hpp"
 
 namespace nvfp4kv {
 namespace {
@@ -58,12 +59,17 @@ struct Case {
   // The layout's code order (where a data byte keeps its two codes): empty keeps the preset's
   // (the native layout's is fp16-split, every engine's standard), a name replaces it.
   std::string codes;
+  std::optional<LayoutSpec> spec;  // a layout of one's own instead of the preset
   size_t* tickets_at_rest = nullptr;  // mixed: set to the workspace's 64-bit words holding a ticket at rest
   int stages = 0;  // prefill: run with this many stages in the ring (0: as many as the planner fits)
   // A cache format over the random stored values (the reference reads them back through it);
   // plain_reader: the GPU reads the same bytes without it, a reader that forgot it.
   std::optional<CacheFormat> format;
   bool plain_reader = false;
+  // The layout's element formats (the native layout takes FP8 on either side).
+  ElementFormat k_element = ElementFormat::kNvfp4, v_element = ElementFormat::kNvfp4;
+  // E4M3 NaN in the FP8 elements and block scales of every slot no sequence reads.
+  bool poison_unread = false;
 };
 
 struct Outcome : testing::Comparison {
@@ -76,24 +82,34 @@ struct Outcome : testing::Comparison {
 template <typename Mutate>
 Outcome run_case(const Case& k, Mutate mutate) {
   Outcome o;
-  LayoutSpec spec = preset_spec(k.preset);
+  LayoutSpec spec = k.spec ? *k.spec : preset_spec(k.preset);
   if (!k.codes.empty()) spec.codes = *code_order_named(k.codes);
-  const ValidLayout plain = validate(instantiate(spec, {1, k.pages, k.tokens_per_page, k.kv_heads, k.head_dim}));
+  const ValidLayout plain = validate(
+      instantiate(spec, {1, k.pages, k.tokens_per_page, k.kv_heads, k.head_dim, k.k_element, k.v_element}));
   const ValidLayout v = k.format ? with_format(plain, *k.format) : plain;
   const ValidLayout& reader = k.plain_reader ? plain : v;
   const CacheDims& d = v.layout().dims;
-  const auto host = harness::random_cache(v, 0, k.seed);
+  auto host = harness::random_cache(v, 0, k.seed);
   const int64_t batch = int64_t(k.seqs.size());
   int64_t longest = 1;
   for (const auto& s : k.seqs) longest = std::max<int64_t>(longest, s.second);
   const int64_t stride = (longest + d.tokens_per_page - 1) / d.tokens_per_page;
   std::mt19937_64 rng(k.seed + 7);
   std::vector<int32_t> table(size_t(batch * stride)), kv_lens, cu_q = {0};
+  // Poisoned cases give each sequence pages of its own, so that the slots past a sequence's end
+  // are read by no other sequence and hold NaN where the kernels meet them.
+  std::vector<int32_t> own(k.poison_unread ? size_t(d.pages) : 0);
+  std::iota(own.begin(), own.end(), 0);
+  std::shuffle(own.begin(), own.end(), rng);
+  if (k.poison_unread) {
+    EXPECT_GE(d.pages, batch * stride) << "a poisoned case needs a page per table entry";
+  }
   for (int64_t b = 0; b < batch; ++b) {
     std::vector<int32_t> pages(size_t(d.pages));
     std::iota(pages.begin(), pages.end(), 0);
     std::shuffle(pages.begin(), pages.end(), rng);
-    for (int64_t e = 0; e < stride; ++e) table[size_t(b * stride + e)] = pages[size_t(e % d.pages)];
+    for (int64_t e = 0; e < stride; ++e)
+      table[size_t(b * stride + e)] = k.poison_unread ? own[size_t(b * stride + e) % own.size()] : pages[size_t(e % d.pages)];
     kv_lens.push_back(k.seqs[size_t(b)].second);
     cu_q.push_back(cu_q.back() + k.seqs[size_t(b)].first);
   }
@@ -101,6 +117,12 @@ Outcome run_case(const Case& k, Mutate mutate) {
   for (const auto& s : k.seqs) q_lens.push_back(s.first);
   const int32_t max_q = *std::max_element(q_lens.begin(), q_lens.end());
   mutate(table, kv_lens, cu_q);
+  if (k.poison_unread) {
+    // Pages of their own: every slot but the ones the sequences read, tails included.
+    int64_t read = 0;
+    for (int32_t len : kv_lens) read += std::clamp<int64_t>(len, 0, stride * d.tokens_per_page);
+    EXPECT_EQ(harness::poison_unread_slots(v, 0, table, stride, kv_lens, host), d.pages * d.tokens_per_page - read);
+  }
   const int64_t rows = cu_q.back(), q_heads = k.kv_heads * k.group;
   std::normal_distribution<float> n(0.0f, 1.0f);
   std::vector<uint16_t> q(size_t(std::max<int64_t>(rows, 1) * q_heads * d.head_dim));
@@ -347,6 +369,21 @@ TEST_F(GpuPrefill, MixedBatchesRouteEachRunAndMatchTheReference) {
   expect_close(k, run_case(k), "mixed, window, softcap, fp16");
 }
 
+// The batch the format and FP8 tests run: four prefill sequences (a pure prefill among them),
+// or a mixed batch whose q lengths take every route (decode, short-query, prefill).
+Case format_case(int64_t head_dim, float softcap, bool sinks, bool mixed, uint64_t seed) {
+  Case k;
+  k.head_dim = head_dim;
+  k.seqs = mixed ? std::vector<std::pair<int32_t, int32_t>>{{1, 37}, {5, 200}, {80, 80}, {1, 300}, {3, 129}}
+                 : std::vector<std::pair<int32_t, int32_t>>{{130, 300}, {17, 17}, {1, 129}, {64, 100}};
+  k.pages = 100;
+  k.softcap = softcap;
+  k.sinks = sinks;
+  k.mixed = mixed;
+  k.seed = seed;
+  return k;
+}
+
 // A format's transforms in prefill and in a mixed batch's routes (decode, short-query, prefill):
 // K's rotation applied to each query row, q . mu joining each logit under a soft-cap and
 // shifting the row otherwise, V's rotation undone on O in registers. Against the reference
@@ -370,15 +407,7 @@ TEST_F(GpuPrefill, FormatTransformsMatchTheReference) {
   };
   int seed = 700;
   for (const Variant& var : variants) {
-    Case k;
-    k.head_dim = var.head_dim;
-    k.seqs = var.mixed ? std::vector<std::pair<int32_t, int32_t>>{{1, 37}, {5, 200}, {80, 80}, {1, 300}, {3, 129}}
-                       : std::vector<std::pair<int32_t, int32_t>>{{130, 300}, {17, 17}, {1, 129}, {64, 100}};
-    k.pages = 100;
-    k.softcap = var.softcap;
-    k.sinks = var.sinks;
-    k.mixed = var.mixed;
-    k.seed = uint64_t(++seed);
+    Case k = format_case(var.head_dim, var.softcap, var.sinks, var.mixed, uint64_t(++seed));
     k.format = harness::random_format(k.kv_heads, var.head_dim, var.k_rotation, var.v_rotation, var.mean,
                                       uint64_t(seed));
     const std::string what = cat("D", var.head_dim, " K rot ", var.k_rotation, " V rot ", var.v_rotation,
@@ -389,6 +418,68 @@ TEST_F(GpuPrefill, FormatTransformsMatchTheReference) {
     const Outcome wrong = run_case(k);
     std::printf("  %-46s read as plain: rel L2 %.2e  lse %.2e\n", what.c_str(), wrong.rel_l2, wrong.lse_max_abs);
     EXPECT_TRUE(wrong.rel_l2 > 0.1 || wrong.lse_max_abs > 1.0) << what << ": a reader without the format passed";
+  }
+}
+
+// FP8 E4M3 sides (the layout's elements): prefill's producers write an FP8 group as FP16
+// e4m3 * 2^-14 (the same power of two NVFP4's placement leaves), so the consumers and the
+// epilogue are NVFP4's; every side combination, D 64 / 128 (wgmma) and 256 (mma.sync), a
+// padded D, options, the format's steps, the standard code order beside FP8 (the general
+// producer loop decodes any order), and a mixed batch (its decode and short-query routes
+// read FP8 through decode's dequantize parts).
+TEST_F(GpuPrefill, Fp8SidesMatchTheReference) {
+  constexpr ElementFormat F = ElementFormat::kFp8E4M3, N = ElementFormat::kNvfp4;
+  struct Variant {
+    ElementFormat k, v;
+    int64_t head_dim, group;
+    float softcap;
+    bool sinks, mixed;
+    int64_t k_rotation, v_rotation;
+    bool mean;
+    const char* codes;
+    bool poison = false;  // E4M3 NaN in every slot no sequence reads
+  };
+  const std::vector<Variant> variants = {
+      {F, N, 128, 4, 0, false, false, kNoRotation, kNoRotation, false, ""},
+      {N, F, 128, 4, 0, false, false, kNoRotation, kNoRotation, false, ""},
+      {F, F, 128, 8, 1.5f, true, false, kNoRotation, kNoRotation, false, ""},
+      {F, N, 64, 4, 0, true, false, kRotateWholeHead, kNoRotation, true, ""},
+      {N, F, 256, 2, 0, false, false, kNoRotation, kRotateWholeHead, false, ""},  // the mma.sync consumers
+      {F, F, 96, 4, 0, false, false, kNoRotation, kNoRotation, false, ""},         // padded D
+      {F, N, 128, 4, 0, false, false, kNoRotation, kNoRotation, false, "standard"},
+      {F, N, 128, 4, 1.5f, true, true, kRotateWholeHead, 32, true, ""},  // every route of a mixed batch
+      {N, F, 64, 16, 0, false, true, kNoRotation, kNoRotation, false, ""},
+      // NaN codes past each sequence's end and in unread pages (a reader keeps them out of its
+      // sums), FP8 and plain NVFP4 (NaN block scales), one of them a mixed batch.
+      {F, F, 128, 4, 0, false, false, kNoRotation, kNoRotation, false, "", true},
+      {N, N, 64, 4, 1.5f, true, false, kNoRotation, kNoRotation, false, "", true},
+      {F, N, 128, 4, 0, true, true, kNoRotation, kNoRotation, false, "", true},  // every route
+  };
+  int seed = 1500;
+  for (const Variant& var : variants) {
+    Case k = format_case(var.head_dim, var.softcap, var.sinks, var.mixed, uint64_t(++seed));
+    k.k_element = var.k, k.v_element = var.v;
+    k.group = var.group;
+    k.codes = var.codes;
+    k.poison_unread = var.poison;
+    k.format = harness::random_format_over(var.k, var.v, k.kv_heads, var.head_dim, var.k_rotation, var.v_rotation,
+                                           var.mean, uint64_t(seed));
+    const std::string what =
+        cat("K ", element_format_name(var.k), " V ", element_format_name(var.v), " D", var.head_dim, " G", var.group,
+            var.softcap > 0 ? " softcap" : "", var.sinks ? " sinks" : "", var.mixed ? " mixed" : "",
+            var.k_rotation || var.v_rotation ? " rotated" : "", var.mean ? " mu" : "", *var.codes ? " standard order" : "",
+            var.poison ? " NaN past the ends" : "");
+    expect_close(k, run_case(k), what);
+    if (HasFailure()) return;
+  }
+  // FP8 K rows aligned to 8 bytes only (a layout of one's own): the producers gather each
+  // FP8 group byte by byte; at D 64 and 128, NaN past the ends.
+  for (int64_t dim : {64, 128}) {
+    Case k = format_case(dim, 0, false, false, uint64_t(++seed));
+    k.spec = test_layouts::fp8_k_rows_8_aligned();
+    k.k_element = F;
+    k.poison_unread = true;
+    expect_close(k, run_case(k), cat("K fp8 in 8-byte aligned rows, D", dim));
   }
 }
 

@@ -14,6 +14,7 @@
 #include "nvfp4kv/harness/device_buffer.hpp"
 #include "nvfp4kv/harness/workload.hpp"
 #include "nvfp4kv/reference/cache.hpp"
+#include "odd_layouts.hpp"
 
 namespace nvfp4kv {
 namespace {
@@ -438,6 +439,11 @@ TEST_F(Gpu, StoreAndGatherTakeEveryFormat) {
       {128, kF8, kNv, kNoRotation, kNoRotation, false, std_rule, std_rule},
       {128, kNv, kF8, kNoRotation, kRotateWholeHead, true, four, std_rule},
       {64, kF8, kF8, kRotateWholeHead, kNoRotation, true, std_rule, std_rule},
+      // FP8 without transforms: the vectorized store (16 E4M3 bytes a thread and group).
+      {64, kF8, kF8, kNoRotation, kNoRotation, false, std_rule, std_rule},
+      {128, kNv, kF8, kNoRotation, kNoRotation, false, four, std_rule},  // 4over6 beside FP8
+      {80, kF8, kNv, kNoRotation, kNoRotation, false, std_rule, std_rule},
+      {256, kNv, kF8, kNoRotation, kNoRotation, false, std_rule, std_rule},
   };
   uint64_t seed = 300;
   for (const Variant& var : variants) {
@@ -476,10 +482,19 @@ TEST_F(Gpu, StoreAndGatherTakeEveryFormat) {
   std::iota(slots.begin(), slots.end(), 3);
   store_and_gather(with_format(plain, smooth_only), 1, slots, ElementType::kBFloat16, ScaleRule::kStandard,
                    harness::RowPattern::kNormal, true, ++seed);
+  // FP8 K rows aligned to 8 bytes only: the vectorized store writes each FP8 group byte by byte.
+  for (int64_t dim : {64, 128}) {
+    const ValidLayout odd = validate(instantiate(test_layouts::fp8_k_rows_8_aligned(),
+                                                 {2, 8, 16, 2, dim, ElementFormat::kFp8E4M3, ElementFormat::kNvfp4}));
+    SCOPED_TRACE(testing::Message() << "K fp8 in 8-byte aligned rows, D" << dim);
+    store_and_gather(odd, 1, slots, ElementType::kFloat16, ScaleRule::kStandard, harness::RowPattern::kNormal, true,
+                     ++seed);
+  }
 }
 
 // The row kernels' own edges against the reference: non-finite inputs (zeroed and counted
-// before a transform, counted by the block rule or the FP8 rounding without one), and a gather
+// before a transform, counted by the block rule or the FP8 rounding without one; the same rows
+// unrotated through the vectorized store, FP8 V beside plain K, count alike), and a gather
 // over a bad block-table entry, a length past the table and a broken global scale (NaN rows,
 // counted, never read).
 TEST_F(Gpu, RowKernelsHandleNonFiniteInputsAndBadEntriesAsTheReference) {
@@ -511,28 +526,43 @@ TEST_F(Gpu, RowKernelsHandleNonFiniteInputsAndBadEntriesAsTheReference) {
   a.slots_are_int64 = true;
   a.k_global_scale = &gs_host[0];
   a.v_global_scale = &gs_host[1];
-  DeviceStatus cpu_status;
-  a.status = &cpu_status;
-  reference::HostCache cpu(v.layout(), kPoison);
-  reference::store(v, cpu.buffers, a);
-  EXPECT_GT(cpu_status.non_finite, 0u);
-  DeviceCache cache(v.layout(), kPoison);
   auto dk = DeviceBuffer<uint16_t>::from(k), dv = DeviceBuffer<uint16_t>::from(vv);
   auto dslots = DeviceBuffer<int64_t>::from(slots);
   auto scales = DeviceBuffer<float>::from({gs_host[0], gs_host[1]});
-  auto status = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
-  StoreArgs g = a;
-  g.rows = {dk.get(), dv.get(), tokens, row};
-  g.slots = dslots.get();
-  g.k_global_scale = scales.get();
-  g.v_global_scale = scales.get() + 1;
-  g.status = status.get();
-  ASSERT_TRUE(store(v, cache.view(), g, nullptr).ok());
-  NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto got = cache.download();
-  for (size_t b = 0; b < got.size(); ++b) EXPECT_EQ(got[b], cpu.storage[b]) << "buffer " << b;
-  EXPECT_TRUE(same_status(status.download()[0], cpu_status)) << "gpu: " << status_text(status.download()[0])
-                                                           << "\ncpu: " << status_text(cpu_status);
+  // The store of `layout` against the reference's: the bytes and the counters.
+  const auto store_as_reference = [&](const ValidLayout& layout, reference::HostCache& cpu, DeviceCache& cache) {
+    DeviceStatus cpu_status;
+    StoreArgs h = a;
+    h.status = &cpu_status;
+    reference::store(layout, cpu.buffers, h);
+    EXPECT_GT(cpu_status.non_finite, 0u);
+    auto status = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
+    StoreArgs g = a;
+    g.rows = {dk.get(), dv.get(), tokens, row};
+    g.slots = dslots.get();
+    g.k_global_scale = scales.get();
+    g.v_global_scale = scales.get() + 1;
+    g.status = status.get();
+    ASSERT_TRUE(store(layout, cache.view(), g, nullptr).ok());
+    NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = cache.download();
+    for (size_t b = 0; b < got.size(); ++b) EXPECT_EQ(got[b], cpu.storage[b]) << "buffer " << b;
+    EXPECT_TRUE(same_status(status.download()[0], cpu_status)) << "gpu: " << status_text(status.download()[0])
+                                                             << "\ncpu: " << status_text(cpu_status);
+  };
+  // The same rows without K's rotation go through the vectorized store (FP8 V beside plain K).
+  {
+    CacheFormat unrotated = f;
+    unrotated.layers[0].k.rotation = kNoRotation;
+    const ValidLayout vector_layout = with_format(fp8_v, unrotated);
+    reference::HostCache cpu(vector_layout.layout(), kPoison);
+    DeviceCache cache(vector_layout.layout(), kPoison);
+    SCOPED_TRACE("the vectorized store");
+    store_as_reference(vector_layout, cpu, cache);
+  }
+  reference::HostCache cpu(v.layout(), kPoison);
+  DeviceCache cache(v.layout(), kPoison);
+  store_as_reference(v, cpu, cache);
   // Gather: sequence 0 reads pages 0, 1 and a bad entry (99); sequence 1 claims more tokens
   // than its table holds; then both again with V's global scale broken.
   const std::vector<int32_t> table = {0, 1, 99, 1, 0, 2};
@@ -575,10 +605,11 @@ TEST_F(Gpu, RowKernelsHandleNonFiniteInputsAndBadEntriesAsTheReference) {
   }
 }
 
-// Formats a family does not implement are refused before anything is launched, never read
-// or written as if they were plain NVFP4: decode and prefill read NVFP4 pages only. A format
-// that smooths K needs its k_mean on the device, and a k_mean without such a format is refused
-// too.
+// What a family cannot honour is refused before anything is launched, never read or written
+// as if it were plain NVFP4: a format that smooths K needs its k_mean on the device, and a
+// k_mean without such a format is refused too; a code order decode has no placement for.
+// (Every family takes every format: FP8 sides are read by decode and prefill, test_decode.cpp
+// and test_prefill.cpp.)
 TEST_F(Gpu, FormatsAFamilyLacksAreRefused) {
   const ValidLayout plain = validate(instantiate(preset_spec("nvfp4kv-native"), {2, 8, 16, 2, 64}));
   const CacheDims& d = plain.layout().dims;
@@ -592,9 +623,6 @@ TEST_F(Gpu, FormatsAFamilyLacksAreRefused) {
   CacheFormat smoothed;
   smoothed.layers = {LayerFormat{}};
   smoothed.k_mean.assign(size_t(d.layers * d.heads * d.head_dim), 0.25f);
-  const ValidLayout fp8_v = validate(
-      instantiate(preset_spec("nvfp4kv-native"), {2, 8, 16, 2, 64, ElementFormat::kNvfp4, ElementFormat::kFp8E4M3}));
-  DeviceCache fp8_cache(fp8_v.layout(), kPoison);
   LayoutSpec high_first = preset_spec("nvfp4kv-native");
   high_first.codes = *code_order_named("high-first");
   const ValidLayout reordered = validate(instantiate(high_first, {2, 8, 16, 2, 64}));
@@ -616,13 +644,6 @@ TEST_F(Gpu, FormatsAFamilyLacksAreRefused) {
     EXPECT_EQ(r.status, status) << r.message;
     EXPECT_NE(r.message.find(needle), std::string::npos) << r.message;
   };
-  // Prefill and a mixed batch: FP8 pages refused (decode reads them: test_decode.cpp).
-  {
-    const auto [a, pa] = args(nullptr);
-    for (const Result& r : {prefill_attention(fp8_v, fp8_cache.view(), pa, nullptr),
-                            mixed_attention(fp8_v, fp8_cache.view(), MixedBatch{.args = pa, .q_lens = q_lens}, nullptr)})
-      expect_refused(r, Status::kUnsupported, "holds V as fp8_e4m3");
-  }
   // k_mean: missing where the format smooths K, given where it does not.
   {
     const ValidLayout v = with_format(plain, smoothed);
@@ -655,9 +676,8 @@ TEST_F(Gpu, FormatsAFamilyLacksAreRefused) {
       expect_refused(r, Status::kUnsupported, "codes in the high-first order");
   }
   NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
-  for (const DeviceCache* c : {&cache, &fp8_cache})
-    for (const auto& buffer : c->download())
-      EXPECT_EQ(std::count(buffer.begin(), buffer.end(), kPoison), std::ptrdiff_t(buffer.size())) << "a refused call wrote";
+  for (const auto& buffer : cache.download())
+    EXPECT_EQ(std::count(buffer.begin(), buffer.end(), kPoison), std::ptrdiff_t(buffer.size())) << "a refused call wrote";
 }
 
 }  // namespace

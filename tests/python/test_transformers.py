@@ -357,6 +357,28 @@ def test_fp8_k_in_one_layer_lives_in_its_own_cache_and_reads_back_exactly():
     assert sized.pages == 7
 
 
+@pytest.mark.gpu
+def test_fp8_k_in_one_layer_runs_on_cuda():
+    # The same mixed format on CUDA: the vectorized store writes layer 0's K as FP8, prefill's
+    # FP8 producer loop and decode's FP8 dequantize part read it back, layer 1 stays NVFP4.
+    model = tiny("gemma2")
+    fmt = {"layers": [{"k": {"element": "fp8_e4m3"}}, {}]}
+    ids, mask = batch(model.config.vocab_size, [24, 17], 4)
+    chunks = [16, 8, 1, 1, 1, 1]
+    want = run(model, MixedReferenceCache(model.config), "eager", ids, mask, chunks)
+    model.cuda()
+    cache = nt.KVCache(model.config, max_tokens=512, device="cuda", format=fmt,
+                       global_scales=([K8_SCALE, K_SCALE], V_SCALE))
+    assert cache.writers[0].dims.k_element == "fp8_e4m3"
+    gpu = run(model, cache, nt.NAME, ids.cuda(), mask.cuda(), chunks).cpu()
+    gap = relative_gap(gpu, want, mask)
+    # Plain NVFP4 everywhere on the same GPU is further from the FP8 reference than the FP8 run.
+    plain = run(model, make_cache(model, device="cuda"), nt.NAME, ids.cuda(), mask.cuda(), chunks).cpu()
+    plain_gap = relative_gap(plain, want, mask)
+    print("fp8 K on CUDA: gap %.3g to the FP8 reference, plain NVFP4 %.3g" % (gap, plain_gap))
+    assert gap < GPU_TOLERANCE and gap < plain_gap, (gap, plain_gap)
+
+
 def test_generate_with_left_padding_matches_the_reference_path():
     model = tiny("mistral")
     ids, mask = batch(model.config.vocab_size, [20, 9], 0)
@@ -520,23 +542,6 @@ def test_calibrate_on_the_command_line(tmp_path, capsys):
     assert "calibrated 2 layers on 64 tokens: 4.50 bits per value" in printed.out
     assert "nvfp4kv calibrate: [####################] 64/64 tokens" in printed.err
     assert nvfp4kv.load_calibration(str(out), layers=2, kv_heads=2, head_dim=64)["samples"] == 64
-
-
-def test_a_cuda_kvcache_refuses_fp8_layers_at_construction():
-    # Decode and prefill on CUDA read NVFP4 pages only so far (rotations and smoothing included):
-    # a format with FP8 layers is refused when the cache is made, by name, not at the first
-    # prompt. The check needs no GPU (it precedes any allocation).
-    plain = {"nvfp4kv_format": 1, "layers": [{"k": {"rule": "4over6", "rotation": "head"}, "v": {}}],
-             "k_mean": [0.0] * 8}
-    assert nt._gpu_format_problem(nt._element_groups(plain, 2)) is None
-    fp8 = {"nvfp4kv_format": 1, "layers": [{"k": {"element": "fp8_e4m3"}, "v": {}}, {"k": {}, "v": {}}]}
-    problem = nt._gpu_format_problem(nt._element_groups(fp8, 2))
-    assert problem is not None and "holds K as fp8_e4m3" in problem and "prefill" in problem, problem
-    if nvfp4kv.has_cuda:
-        config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                          num_hidden_layers=2, intermediate_size=64, vocab_size=32)
-        with pytest.raises(nvfp4kv.UnsupportedError, match="holds K as fp8_e4m3"):
-            nt.KVCache(config, max_tokens=64, device="cuda:0", format=fp8)
 
 
 def test_a_mixed_element_format_names_the_models_layer_in_its_errors():

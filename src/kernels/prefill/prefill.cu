@@ -13,8 +13,10 @@
 //    any layout the validator accepts is read; the block-table entries one tile further
 //    ahead), and writes K and V as (token, D) FP16 rows (128-byte-swizzled panels for
 //    wgmma, padded rows for mma.sync), e2m1 * 2^-14 * block scale
-//    (exact; the shared attention/dequant.cuh placement); tokens outside the rows'
-//    range are zeros;
+//    (exact; the shared attention/dequant.cuh placement), or for a side the layout holds in
+//    FP8 E4M3, e4m3 * 2^-14 (exact: one conversion, one multiply by a power of two whose
+//    products FP16 holds, subnormals included), so both sides fold the same 2^-14; tokens
+//    outside the rows' range are zeros;
 //  - 8 consumer warps own 16 rows each: S = Q K^T, masks (causal, window) only on tiles
 //    that need it, the online softmax in base 2, and O += P V with P straight from the S
 //    accumulators as A fragments. On sm_90a at D <= 128 they are two warpgroups issuing
@@ -101,13 +103,16 @@ struct Block {
 // both sides for kTokens tokens (token pt / kGroups + k * kTokenStep, group pt %
 // kGroups, pt the thread's index among the producers), as raw bytes in registers
 // until the tile is dequantized.
-template <int kD>
+// kWords: data words an item may hold, 2 (16 NVFP4 elements) or 4 (16 FP8 elements: the
+// producer loop of layouts with an FP8 side).
+template <int kD, int kWords_ = 2>
 struct TileShare {
   static constexpr int kGroups = kD / 16;
   static constexpr int kTokenStep = kProducerThreads / kGroups;  // 64, 32, 16 at D 64, 128, 256
   static constexpr int kTokens = kKvTile / kTokenStep;           // 1, 2, 4
-  uint32_t w[2][kTokens][2];  // (side, token): the group's two data words, standard code order
-  uint32_t scale[2][kTokens]; // (side, token): its E4M3 block scale (0 for a token that does not count)
+  static constexpr int kWords = kWords_;
+  uint32_t w[2][kTokens][kWords];  // (side, token): the group's data words, standard code order for NVFP4
+  uint32_t scale[2][kTokens];      // (side, token): its E4M3 block scale (0 for a token that does not count)
 };
 
 // Where this thread's tokens of the tile at kv0 live: their pages (-1 for tokens
@@ -142,13 +147,16 @@ struct ColumnBase {
   const uint8_t* data[2];
   const uint8_t* scale[2];
 };
+// kWords: TileShare's (4 only in the FP8 loop, where an FP8 side's group has 16 data bytes).
+template <int kWords>
 __device__ __forceinline__ ColumnBase column_base(const PrefillParams& p, const Block& b, int g) {
   ColumnBase cb;
   for (int side = 0; side < 2; ++side) {
     const SideRegions reg = side_regions(side ? Side::kV : Side::kK);
     const TileMap td = p.layout.tile(reg.data, p.args.layer, 0, b.kv_head);
-    const TileMap ts = p.layout.tile(reg.scale, p.args.layer, 0, b.kv_head);
-    cb.data[side] = p.cache.ptr[p.layout.region(reg.data).buffer] + td.offset(0, 8 * g);
+    const TileMap ts = p.layout.tile(reg.scale, p.args.layer, 0, b.kv_head);  // an FP8 side's: never read
+    const int bytes = kWords == 4 && p.layout.dims().fp8(side ? Side::kV : Side::kK) ? 16 : 8;  // a group's data bytes
+    cb.data[side] = p.cache.ptr[p.layout.region(reg.data).buffer] + td.offset(0, bytes * g);
     cb.scale[side] = p.cache.ptr[p.layout.region(reg.scale).buffer] + ts.offset(0, g);
   }
   return cb;
@@ -158,6 +166,22 @@ __device__ __forceinline__ ColumnBase column_base(const PrefillParams& p, const 
 // stride of 1 and rows the validator proved 8-byte aligned.
 __device__ __forceinline__ bool group_loads(const LayoutView& layout, Region r) {
   return layout.vector_bytes(r) >= 8 && layout.region(r).column.is_plain() && layout.region(r).column.stride == 1;
+}
+
+// Whether an FP8 group's 16 elements (16 data bytes) take one 16-byte load.
+__device__ __forceinline__ bool fp8_group_loads(const LayoutView& layout, Region r) {
+  return layout.vector_bytes(r) >= 16 && layout.region(r).column.is_plain() && layout.region(r).column.stride == 1;
+}
+
+// An FP8 group's four data words byte by byte (out of line, as gather_words).
+__device__ __noinline__ uint4 gather_fp8_words(const PrefillParams& p, Region r, int64_t page, int64_t token, int g,
+                                               int64_t kv_head) {
+  const TileMap td = p.layout.tile(r, p.args.layer, page, kv_head);
+  const uint8_t* const data = p.cache.ptr[p.layout.region(r).buffer];
+  uint32_t w[4] = {0, 0, 0, 0};
+  for (int h = 0; h < 4; ++h)
+    for (int i = 0; i < 4; ++i) w[h] |= uint32_t(data[td.offset(token, 16 * g + 4 * h + i)]) << (8 * i);
+  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // A group's two data words byte by byte, for layouts whose data rows do not allow an
@@ -176,10 +200,10 @@ __device__ __noinline__ uint2 gather_words(const PrefillParams& p, Region r, int
 // a token without a page, and the padded groups past the head dim, read as zeros. kFast:
 // the layout's data rows take an 8-byte load per group and every region's token mode is a
 // plain stride (producer_loop), else any mode and byte gathers where the rows need them.
-template <int kD, bool kFast>
+template <int kD, bool kFast, int kWords>
 __device__ __forceinline__ void fetch_tile(const PrefillParams& p, const Block& b, int pt, const ColumnBase& cb,
-                                           const TilePages<kD>& tp, TileShare<kD>& sh) {
-  using T = TileShare<kD>;
+                                           const TilePages<kD>& tp, TileShare<kD, kWords>& sh) {
+  using T = TileShare<kD, kWords>;
   const int g = pt % T::kGroups;
   const bool column = 16 * g < p.layout.dims().head_dim;
 #pragma unroll
@@ -187,11 +211,24 @@ __device__ __forceinline__ void fetch_tile(const PrefillParams& p, const Block& 
     const SideRegions reg = side_regions(side ? Side::kV : Side::kK);
     const RegionMap& dm = p.layout.region(reg.data);
     const RegionMap& sm = p.layout.region(reg.scale);
+    // An FP8 side (only in the loop with room for it): 16 bytes a group, no scale.
+    const bool fp8 = kWords == 4 && p.layout.dims().fp8(side ? Side::kV : Side::kK);
 #pragma unroll
     for (int k = 0; k < T::kTokens; ++k) {
-      sh.w[side][k][0] = sh.w[side][k][1] = sh.scale[side][k] = 0;
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) sh.w[side][k][i] = 0;
+      sh.scale[side][k] = 0;
       if (tp.page[k] < 0 || !column) continue;
       const int64_t page = tp.page[k], token = tp.token[k];
+      if constexpr (kWords == 4) {
+        if (fp8) {
+          const uint4 v = fp8_group_loads(p.layout, reg.data)
+                              ? *reinterpret_cast<const uint4*>(cb.data[side] + page * dm.page + dm.token(token))
+                              : gather_fp8_words(p, reg.data, page, token, g, b.kv_head);
+          sh.w[side][k][0] = v.x, sh.w[side][k][1] = v.y, sh.w[side][k][2] = v.z, sh.w[side][k][3] = v.w;
+          continue;
+        }
+      }
       uint2 v;
       if constexpr (kFast) {  // the page term in 64 bits (page >= 0 here), the token term in 32 (producer_loop)
         const uint64_t pg = uint32_t(tp.page[k]);
@@ -214,10 +251,10 @@ __device__ __forceinline__ void fetch_tile(const PrefillParams& p, const Block& 
 // FP16 values e2m1 * 2^-14 * block scale in element order (zeros for an item read as zeros).
 // kFast: the layout keeps the code order Place places (producer_loop: the standard order with
 // Nvfp4Fp16, fp16-split with Nvfp4Fp16Split); else any order, decoded to the standard one.
-template <int kD, bool kFast, class Place>
+template <int kD, bool kFast, class Place, int kWords>
 __device__ __forceinline__ void store_tile(const PrefillParams& p, const Smem<kD>& s, int pt, int slot,
-                                           const TileShare<kD>& sh) {
-  using T = TileShare<kD>;
+                                           const TileShare<kD, kWords>& sh) {
+  using T = TileShare<kD, kWords>;
   const int g = pt % T::kGroups;
   // The general loop: a layout whose data bytes keep their codes in another order goes back
   // to the standard order first (a bit move per byte, amortized over 128 rows).
@@ -227,8 +264,14 @@ __device__ __forceinline__ void store_tile(const PrefillParams& p, const Smem<kD
   for (int side = 0; side < 2; ++side)
 #pragma unroll
     for (int k = 0; k < T::kTokens; ++k) {
-      const uint32_t sf = Format::scale_pair(sh.scale[side][k]);
       uint32_t out[8];
+      if (kWords == 4 && p.layout.dims().fp8(side ? Side::kV : Side::kK)) {
+        // FP8: bytes 2j, 2j + 1 are elements 2j, 2j + 1, one conversion a pair, times 2^-14.
+        constexpr uint32_t kBias = 0x04000400u;  // (2^-14, 2^-14) in FP16
+#pragma unroll
+        for (int j = 0; j < 8; ++j) out[j] = hmul2(Fp8E4m3Fp16::pair(sh.w[side][k][j / 2] >> (16 * (j % 2))), kBias);
+      } else {
+      const uint32_t sf = Format::scale_pair(sh.scale[side][k]);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t w = reorder ? codes.decode_word(sh.w[side][k][h]) : sh.w[side][k][h];
@@ -238,6 +281,7 @@ __device__ __forceinline__ void store_tile(const PrefillParams& p, const Smem<kD
         out[4 * h + 1] = hmul2(__byte_perm(r[2], r[3], 0x5410), sf);  // 2, 3
         out[4 * h + 2] = hmul2(__byte_perm(r[0], r[1], 0x7632), sf);  // 4, 5
         out[4 * h + 3] = hmul2(__byte_perm(r[2], r[3], 0x7632), sf);  // 6, 7
+      }
       }
       const int j = pt / T::kGroups + k * T::kTokenStep;
       __half* const tile = side ? s.v(slot) : s.k(slot);
@@ -483,10 +527,11 @@ __device__ void take_tile_wgmma(const PrefillParams& p, const Smem<kD>& s, int s
 }
 #endif
 
-// Which loop the producers take: a fast one where both sides' data rows allow an 8-byte
-// load of a group at a column stride of 1, every region's token mode is a plain stride whose
-// largest term fits 31 bits, and the data bytes keep the standard or the fp16-split code
-// order (each with its own placement); the general loop otherwise.
+// Which loop the producers take over NVFP4 pages: a fast one where both sides' data rows allow
+// an 8-byte load of a group at a column stride of 1, every region's token mode is a plain
+// stride whose largest term fits 31 bits, and the data bytes keep the standard or the
+// fp16-split code order (each with its own placement); the general loop otherwise. A layout
+// with an FP8 side takes a loop of its own in the instances with the format steps (below).
 enum class ProducerLoop { kGeneral, kFastStandard, kFastSplit };
 __device__ __forceinline__ ProducerLoop producer_loop(const LayoutView& layout) {
   if (!group_loads(layout, Region::kKData) || !group_loads(layout, Region::kVData)) return ProducerLoop::kGeneral;
@@ -524,15 +569,18 @@ constexpr int kFetchAhead = kWgmmaTiles<kD> ? 2 : 1;
 // earlier still. The producers leave without waiting for the consumers' last releases: a
 // consumer waits only on full barriers, which complete through the producers' own
 // arrivals, so none can be left waiting.
-template <int kD, bool kFast, class Place>
+template <int kD, bool kFast, class Place, int kWords = 2>
 __device__ void produce(const PrefillParams& p, const Smem<kD>& s, const Block& b, int64_t lo, int64_t hi, int tiles) {
-  constexpr int kAhead = kFetchAhead<kD>;
+  using Share = TileShare<kD, kWords>;
+  // The FP8 loop's items are twice as wide: one tile in flight (two spilled the producers'
+  // 88 registers and every instance's plain loops with them).
+  constexpr int kAhead = kWords == 4 ? 1 : kFetchAhead<kD>;
   const int stages = p.geometry.stages;
   const int pt = b.tid - kConsumerThreads;
   const int64_t n = p.layout.dims().tokens_per_page;
   const int page_shift = (n & (n - 1)) == 0 ? __ffsll(n) - 1 : -1;
-  const ColumnBase cb = column_base(p, b, pt % TileShare<kD>::kGroups);
-  TileShare<kD> share[kAhead];
+  const ColumnBase cb = column_base<kWords>(p, b, pt % TileShare<kD>::kGroups);
+  Share share[kAhead];
 #pragma unroll
   for (int u = 0; u < kAhead; ++u)
     if (u < tiles) fetch_tile<kD, kFast>(p, b, pt, cb, tile_pages<kD>(p, b, pt, lo + u * kKvTile, lo, hi, page_shift), share[u]);
@@ -624,8 +672,9 @@ __device__ __noinline__ OTile<kD> unrotated(OTile<kD> t, int n_rot, int c) {
 
 // kSteps: the layer's format rotates or smooths (common/format_view.hpp): the query and output
 // steps are compiled in; without it the instance has no instruction for them (in every
-// instance, they cost plain caches up to 7 % at D 128, runs 64-66).
-template <int kD, ElementType kType, bool kSoftcap, bool kSteps>
+// instance, they cost plain caches up to 7 % at D 128, runs 64-66). kFp8: the layout holds a
+// side in FP8 (with kSteps only): the producers' FP8 loop is the instance's one loop.
+template <int kD, ElementType kType, bool kSoftcap, bool kSteps, bool kFp8>
 __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) {
   const PrefillArgs& a = p.args;
   const CacheDims& d = p.layout.dims();
@@ -697,6 +746,14 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
     // The producers' loop for the common layouts holds only their path: 8-byte group
     // loads, plain token strides, one code order (run 51's profile: instruction fetch
     // stalls in a loop that held every path); the general loop takes any layout.
+    // A layout with an FP8 side runs instances of its own (launch_prefill) whose one loop is
+    // the FP8 one: its items are twice as wide, and beside the NVFP4 loops it raised ptxas'
+    // spills in every instance that held it (D 128: 56 / 148 -> 48 / 540 bytes in all of
+    // them; 60 / 156 -> 80 / 560 where only the steps instances held it).
+    if constexpr (kFp8) {
+      produce<kD, false, Nvfp4Fp16, 4>(p, s, b, lo, hi, tiles);
+      return;
+    }
     switch (producer_loop(p.layout)) {
       case ProducerLoop::kFastSplit: produce<kD, true, Nvfp4Fp16Split>(p, s, b, lo, hi, tiles); break;
       case ProducerLoop::kFastStandard: produce<kD, true, Nvfp4Fp16>(p, s, b, lo, hi, tiles); break;
@@ -858,7 +915,7 @@ __device__ void prefill_device(const PrefillParams& p, char* smem_raw, Block b) 
   }
 }
 
-template <int kD, ElementType kType, bool kSoftcap, bool kSteps>
+template <int kD, ElementType kType, bool kSoftcap, bool kSteps, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) prefill_kernel(const __grid_constant__ PrefillParams p) {
 #if NVFP4KV_KERNEL_ARCH_SUPPORTED
   extern __shared__ __align__(128) char smem[];
@@ -867,7 +924,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_kernel(const __grid_const
   // The tiles of a (sequence, kv head) in reverse: the last query tokens see the most
   // kv tokens, so the longest blocks start first and the short ones fill the tail.
   b.tile = int64_t(gridDim.x) - 1 - blockIdx.x, b.kv_head = blockIdx.y, b.seq = blockIdx.z;
-  prefill_device<kD, kType, kSoftcap, kSteps>(p, smem, b);
+  prefill_device<kD, kType, kSoftcap, kSteps, kFp8>(p, smem, b);
 #else
   __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
 #endif
@@ -890,9 +947,13 @@ cudaError_t launch_prefill(const PrefillParams& p, cudaStream_t stream) {
   return NVFP4KV_DISPATCH_HALF_TYPE(p.args.q_type, kType, [&] {
     return NVFP4KV_DISPATCH_SOFTCAP(p.args.softcap > 0, kSoftcap, [&] {
       return NVFP4KV_DISPATCH_ATTENTION_HEAD_DIM(p.geometry.head_dim, kD, [&] {
-        // The layer's own format picks the steps (the shared memory is planned with q . mu either way).
-        const auto kernel = p.format.transformed() ? prefill_kernel<kD, kType, kSoftcap, true>
-                                                   : prefill_kernel<kD, kType, kSoftcap, false>;
+        // The layer's own format picks the steps (the shared memory is planned with q . mu
+        // either way); a layout with an FP8 side takes instances of its own, with the steps
+        // (their few percent beside FP8's bytes, not twice the instances).
+        const bool fp8 = p.layout.dims().fp8(Side::kK) || p.layout.dims().fp8(Side::kV);
+        const auto kernel = fp8                     ? prefill_kernel<kD, kType, kSoftcap, true, true>
+                            : p.format.transformed() ? prefill_kernel<kD, kType, kSoftcap, true, false>
+                                                     : prefill_kernel<kD, kType, kSoftcap, false, false>;
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, p.geometry.smem_bytes);
         if (e != cudaSuccess) return e;
         const dim3 grid{unsigned(p.geometry.q_tiles), unsigned(p.layout.dims().heads), unsigned(p.args.batch.batch)};

@@ -104,7 +104,27 @@ __device__ __noinline__ uint2 encode_general(CodeOrder codes, uint32_t a, uint32
   return make_uint2(codes.encode_word(a), codes.encode_word(b));
 }
 
-template <ElementType kType, ScaleRule kRule, int kHeadDim>
+// An FP8 side's group: 16 E4M3 codes, each fp8_encode_element of the widened input (core's
+// codec, the reference's), non-finite inputs stored as 0 and counted.
+template <ElementType kType>
+__device__ __forceinline__ uint4 encode_fp8_group(const uint4& lo, const uint4& hi, float inv, DeviceStatus* status) {
+  const uint32_t in[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  uint32_t out[4] = {0, 0, 0, 0};
+  unsigned non_finite = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float x0 = low_element<kType>(in[i]), x1 = high_element<kType>(in[i]);
+    non_finite += (fp8_input_finite(x0) ? 0u : 1u) + (fp8_input_finite(x1) ? 0u : 1u);
+    const uint32_t pair = uint32_t(fp8_encode_element(x0, inv)) | uint32_t(fp8_encode_element(x1, inv)) << 8;
+    out[i / 2] |= pair << (16 * (i % 2));
+  }
+  if (non_finite && status) atomicAdd(&status->non_finite, (unsigned long long)non_finite);
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// kFp8: the layout holds a side in FP8 (instances of their own, so that the NVFP4-only ones
+// are what they were): that side's threads write 16 E4M3 bytes a group and no scale.
+template <ElementType kType, ScaleRule kRule, int kHeadDim, bool kFp8>
 __device__ __forceinline__ void store_device(const StoreParams& p, StoreShared& smem, const StoreThread& th) {
   const CacheDims& d = p.layout.dims();
   const StoreArgs& a = p.args;
@@ -118,11 +138,12 @@ __device__ __forceinline__ void store_device(const StoreParams& p, StoreShared& 
   const uint32_t n = uint32_t(d.tokens_per_page), s32 = uint32_t(slot);
   Coord c{a.layer, int64_t(s32 / n), int64_t(s32 % n), 0, th.group};
   // Head 0's addresses; head h is h * head_step further (LayoutView::head_step).
-  uint8_t* const scale_base = element_address(p.layout, p.cache, reg.scale, c);
-  c.column = th.group * (kBlockSize / 2);
+  const bool fp8 = kFp8 && d.fp8(th.side);  // an FP8 side: no scale region, a byte per element
+  uint8_t* const scale_base = fp8 ? nullptr : element_address(p.layout, p.cache, reg.scale, c);
+  c.column = th.group * (fp8 ? kBlockSize : kBlockSize / 2);
   uint8_t* const data_base = element_address(p.layout, p.cache, reg.data, c);
   const int64_t scale_head = p.layout.head_step(reg.scale), data_head = p.layout.head_step(reg.data);
-  const bool vector_data = p.layout.vector_bytes(reg.data) >= 8;
+  const bool vector_data = p.layout.vector_bytes(reg.data) >= (fp8 ? 16 : 8);
   // Each data word re-encoded unless the order is standard: fp16-split (the native layout's) in
   // a few operations, another order bit by bit.
   const bool standard_codes = p.layout.codes().is_standard(), split_codes = p.layout.codes().is_fp16_split();
@@ -151,6 +172,21 @@ __device__ __forceinline__ void store_device(const StoreParams& p, StoreShared& 
     wait_copies<kStages - 1>();
     const uint4 lo = smem.stage[j % kStages][0][th.slot], hi = smem.stage[j % kStages][1][th.slot];
     const int64_t h = th.first_head + j * th.head_stride;
+    if constexpr (kFp8) {
+      if (fp8) {
+        const uint4 w = encode_fp8_group<kType>(lo, hi, __frcp_rn(gs), a.status);  // 1 / scale as the reference
+        if (vector_data) {
+          *reinterpret_cast<uint4*>(data_base + h * data_head) = w;
+        } else {  // rows not 16-byte aligned: byte by byte, each through the layout
+          const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+          Coord cb = c;
+          cb.head = h;
+          for (int k = 0; k < kBlockSize; ++k, ++cb.column)
+            *element_address(p.layout, p.cache, reg.data, cb) = uint8_t(words[k / 4] >> (8 * (k % 4)));
+        }
+        continue;
+      }
+    }
     PackedBlock q = quantize<kType, kRule>(lo, hi, gs, a.status);
     if (split_codes)
       q.data[0] = CodeOrder::split_from_standard(q.data[0]), q.data[1] = CodeOrder::split_from_standard(q.data[1]);
@@ -173,7 +209,7 @@ __device__ __forceinline__ void store_device(const StoreParams& p, StoreShared& 
 
 // threadIdx = (group, side, token within the CTA's tokens); blockIdx.y picks
 // every gridDim.y-th head (more CTAs when a batch has few tokens).
-template <ElementType kType, ScaleRule kRule, int kHeadDim>
+template <ElementType kType, ScaleRule kRule, int kHeadDim, bool kFp8>
 __global__ void __launch_bounds__(kMaxThreads, kRule == ScaleRule::kStandard ? kStandardMinBlocks : 4)
     store_kernel(const __grid_constant__ StoreParams p) {
 #if NVFP4KV_KERNEL_ARCH_SUPPORTED
@@ -181,20 +217,20 @@ __global__ void __launch_bounds__(kMaxThreads, kRule == ScaleRule::kStandard ? k
   const StoreThread th{int(threadIdx.x), Side(threadIdx.y),
                        int(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)),
                        int64_t(blockIdx.x) * blockDim.z + threadIdx.z, int64_t(blockIdx.y), int64_t(gridDim.y)};
-  store_device<kType, kRule, kHeadDim>(p, smem, th);
+  store_device<kType, kRule, kHeadDim, kFp8>(p, smem, th);
 #else
   __trap();  // unreachable: the API refuses devices older than sm_90 (common/arch.hpp)
 #endif
 }
 
 
-// ---- a layer whose format transforms its rows, holds FP8 or gives K and V different rules
+// ---- a layer whose format transforms its rows or gives its NVFP4 sides different rules
 // One warp per (token, side, head) row: the row in shared memory as floats, the format's
 // transforms in the writer's order (common/row_transforms.cuh), then NVFP4 blocks by core's
 // quantize_block with the side's rule (a lane per block) or FP8 codes by fp8_encode_element
 // (a lane per element), every byte placed through the layout. The reference writes the
-// same operations in the same order, so the bytes are equal. Not the bandwidth path: the
-// plain format keeps the vectorized kernel above.
+// same operations in the same order, so the bytes are equal. Not the bandwidth path: a
+// format without transforms keeps the vectorized kernel above, FP8 sides included.
 constexpr int kRowWarps = 4;
 
 template <ElementType kType>
@@ -274,7 +310,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) store_rows_kernel(const __grid
 cudaError_t launch_store(const StoreParams& p, cudaStream_t stream) {
   if (p.args.rows.tokens == 0) return cudaSuccess;
   const CacheDims& d = p.layout.dims();
-  if (!p.format.plain()) {
+  if (!p.format.vector_store()) {
     const int64_t items = p.args.rows.tokens * 2 * d.heads;
     const unsigned blocks = unsigned(std::min<int64_t>((items + kRowWarps - 1) / kRowWarps, int64_t(1) << 20));
     const size_t smem = size_t(kRowWarps) * size_t(d.head_dim) * sizeof(float);
@@ -284,7 +320,8 @@ cudaError_t launch_store(const StoreParams& p, cudaStream_t stream) {
     });
   }
   StoreParams plain = p;
-  plain.args.rule = p.format.k.rule;  // the format's rule, or the call's where the layout has none
+  plain.args.rule = p.format.nvfp4_rule();  // the format's rule, or the call's where the layout has none
+  const bool fp8 = d.fp8(Side::kK) || d.fp8(Side::kV);
   const dim3 block = token_block(d, kMaxThreads);
   const int64_t token_ctas = (plain.args.rows.tokens + block.z - 1) / block.z;
   // Small batches (decode steps) split the heads over more CTAs: aim for about
@@ -294,7 +331,10 @@ cudaError_t launch_store(const StoreParams& p, cudaStream_t stream) {
   return NVFP4KV_DISPATCH_HALF_TYPE(plain.args.type, kType, [&] {
     return NVFP4KV_DISPATCH_SCALE_RULE(plain.args.rule, kRule, [&] {
       return NVFP4KV_DISPATCH_HEAD_DIM(d.head_dim, kHeadDim, [&] {
-        store_kernel<kType, kRule, kHeadDim><<<grid, block, 0, stream>>>(plain);
+        if (fp8)
+          store_kernel<kType, kRule, kHeadDim, true><<<grid, block, 0, stream>>>(plain);
+        else
+          store_kernel<kType, kRule, kHeadDim, false><<<grid, block, 0, stream>>>(plain);
         return cudaGetLastError();
       });
     });
