@@ -77,7 +77,8 @@ struct Case {
   std::unique_ptr<DeviceBuffer<uint16_t>> k, v, kout, vout;
   std::unique_ptr<DeviceBuffer<int64_t>> slots;
   std::unique_ptr<DeviceBuffer<int32_t>> table, cu;
-  std::unique_ptr<DeviceBuffer<float>> scales, mean;
+  std::unique_ptr<DeviceBuffer<float>> scales;
+  std::unique_ptr<harness::FormatVectors> vectors;  // the format's mu and lambda on the device
   int64_t tokens = 0;
 
   StoreArgs store_args(int64_t n, ScaleRule rule) const {
@@ -89,7 +90,7 @@ struct Case {
     a.k_global_scale = scales->get();
     a.v_global_scale = scales->get() + 1;
     a.rule = rule;
-    a.k_mean = layout.format().has_k_mean() ? mean->get() : nullptr;
+    vectors->give(a);
     return a;
   }
 
@@ -102,7 +103,7 @@ struct Case {
     g.v_global_scale = scales->get() + 1;
     g.k_out = kout->get();
     g.v_out = vout->get();
-    g.k_mean = layout.format().has_k_mean() ? mean->get() : nullptr;
+    vectors->give(g);
     return g;
   }
 };
@@ -130,7 +131,7 @@ Case make_case(ValidLayout layout, int64_t tokens, uint64_t seed, const std::str
   c.table = std::make_unique<DeviceBuffer<int32_t>>(DeviceBuffer<int32_t>::from(table));
   c.cu = std::make_unique<DeviceBuffer<int32_t>>(DeviceBuffer<int32_t>::from({0, int32_t(tokens)}));
   c.scales = std::make_unique<DeviceBuffer<float>>(DeviceBuffer<float>::from({gs[0], gs[1]}));
-  c.mean = std::make_unique<DeviceBuffer<float>>(harness::k_mean_on_device(c.layout));
+  c.vectors = std::make_unique<harness::FormatVectors>(c.layout);
   // Correctness of exactly what is timed: the cache equals the CPU reference.
   reference::HostCache ref(l, 0x5A);
   StoreArgs host = c.store_args(tokens, ScaleRule::kStandard);
@@ -139,6 +140,7 @@ Case make_case(ValidLayout layout, int64_t tokens, uint64_t seed, const std::str
   host.k_global_scale = &gs[0];
   host.v_global_scale = &gs[1];
   host.k_mean = c.layout.format().has_k_mean() ? c.layout.format().k_mean.data() : nullptr;
+  host.k_channel_scale = c.layout.format().has_k_channel_scale() ? c.layout.format().k_channel_scale.data() : nullptr;
   reference::store(c.layout, ref.buffers, host);
   require(store(c.layout, c.cache->view(), c.store_args(tokens, ScaleRule::kStandard), nullptr));
   NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
@@ -221,6 +223,8 @@ constexpr FormatCase kFormatCases[] = {
     {"rotate-k+rotate-v+smooth-k", ScaleRule::kStandard},
     {"plain", ScaleRule::kFourOverSix},  // K 4over6, V standard: the rules differ, the row kernel
     {"fp8-k", ScaleRule::kStandard},         {"fp8-k+fp8-v", ScaleRule::kStandard},
+    {"scale-k", ScaleRule::kStandard},  // K's channel scale lambda alone
+    {"rotate-k+smooth-k+scale-k", ScaleRule::kFourOverSix},  // the query-scaled K mode (docs/accuracy.md)
 };
 
 ValidLayout format_layout(const FormatCase& f, int64_t pages, int64_t heads, int64_t dim) {

@@ -110,7 +110,7 @@ ROWS = ["bf16", "fp8", "nvfp4", "nvfp4-cal", "nvfp4-4over6", "nvfp4-4over6-cal",
         "hqq-4", "nvfp4-rot", "nvfp4-smooth", "nvfp4-all", "k-fp8-v-nvfp4", "nvfp4-calibrated", "nvfp4-calibrated-gs1", "nvfp4-first-bf16",
         "policy-4.5-sim", "policy-5.3-sim", "policy-6-sim", "policy-5.3-attn-sim", "policy-6-attn-sim",
         "policy-5.3-saved-sim", "policy-6-saved-sim", "k-hadamard-sim", "k-pca-sim", "k-pca-h16-sim",
-        "k-qscale-sim", "k-qscale-hadamard-sim", "policy-5.3-qscale-sim", "policy-6-qscale-sim"]
+        "k-qscale-sim", "k-qscale-hadamard-sim", "policy-5.3-qscale-sim", "policy-6-qscale-sim", "nvfp4-qscale"]
 # Rows whose K is stored as (k - mu) R for an R from the calibration text (RotatedKCache).
 ROTATED_K_ROWS = ("k-hadamard-sim", "k-pca-sim", "k-pca-h16-sim", "k-qscale-sim", "k-qscale-hadamard-sim")
 # The cache format of each format row (its k_mean filled in from the calibration text).
@@ -299,6 +299,16 @@ def query_energy(model, tokens: torch.Tensor, windows: int, length: int, bos: Op
     return out / count[:, None, None]
 
 
+def channel_scale(k_cov: np.ndarray, q_energy: np.ndarray) -> np.ndarray:
+    """(layers, kv heads, D) float32 lambda = (var(k_i) / E[q_i^2])^(1/4) per (layer, KV head,
+    channel), normalized to a geometric mean of 1 per head: K's channel scale (the cache format's
+    k_channel_scale; the qscale rows)."""
+    var = np.maximum(np.diagonal(k_cov, axis1=2, axis2=3), 1e-12)
+    lam = (var / np.maximum(q_energy, 1e-12)) ** 0.25
+    lam /= np.exp(np.log(lam).mean(axis=2, keepdims=True))
+    return lam.astype(np.float32)
+
+
 def k_rotations(kind: str, k_mean: np.ndarray, k_cov: np.ndarray, q_energy: Optional[np.ndarray] = None) -> np.ndarray:
     """(layers, kv heads, D, D) R per (layer, KV head) for the k-*-sim rows (orthonormal but for
     the qscale kinds); K rows are stored as (k - mu) R. kind: "hadamard" (the whole head's, a
@@ -313,9 +323,7 @@ def k_rotations(kind: str, k_mean: np.ndarray, k_cov: np.ndarray, q_energy: Opti
                 out[layer, head] = hadamard_matrix(dim)
                 continue
             if kind.startswith("qscale"):
-                var = np.maximum(np.diagonal(k_cov[layer, head]), 1e-12)
-                lam = (var / np.maximum(q_energy[layer, head], 1e-12)) ** 0.25
-                lam /= np.exp(np.log(lam).mean())
+                lam = channel_scale(k_cov, q_energy)[layer, head].astype(np.float64)
                 out[layer, head] = np.diag(1 / lam) @ (hadamard_matrix(dim) if kind == "qscale-hadamard" else np.eye(dim))
                 continue
             w, v = np.linalg.eigh(k_cov[layer, head])
@@ -393,6 +401,7 @@ class Setup:
     policies: Dict[str, Dict] = dataclasses.field(default_factory=dict)  # calibrations by policy row
     calibration: Optional[Dict] = None   # nvfp4kv.calibrate's file, from samples of the calibration text
     k_rotations: Dict[str, Tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)  # R, K amax
+    k_channel_scale: Optional[np.ndarray] = None  # (layers, kv heads, D) lambda (channel_scale), for nvfp4-qscale
 
 
 def policy_bits(row: str) -> float:
@@ -429,6 +438,15 @@ def make_cache(row: str, s: Setup, max_tokens: int):
             scales = None
         return nt.KVCache(config, max_tokens=max_tokens, device=s.device, format=cal["format"],
                           global_scales=scales), nt.NAME
+    if row == "nvfp4-qscale":
+        # The stored format of k-qscale-hadamard-sim: K - mu, / lambda, the whole head's rotation, 4over6;
+        # V rotated, 4over6; K's global scale from the same rotated amax.
+        _, k_amax = s.k_rotations["k-qscale-hadamard-sim"]
+        rec = reference.recommend_global_scale
+        fmt = {"layers": [{"k": {"rule": "4over6", "rotation": "head"}, "v": {"rule": "4over6", "rotation": "head"}}],
+               "k_mean": s.k_mean.astype(np.float32), "k_channel_scale": s.k_channel_scale}
+        return nt.KVCache(config, max_tokens=max_tokens, device=s.device, format=fmt,
+                          global_scales=([rec(a) for a in k_amax], [rec(a) for a in s.amax[:, 1]])), nt.NAME
     if row in FORMATS:
         fmt = dict(FORMATS[row])
         if fmt.pop("smooth", False):
@@ -837,7 +855,8 @@ def main(argv=None) -> int:
         name, args.device, eval_tokens.numel(), inputs["meta"]["eval_chars"], cal_tokens.numel(),
         len(inputs["prompts"])))
     rotated = [r for r in rows if r in ROTATED_K_ROWS]
-    if any(r.startswith("policy-") and r.endswith("-qscale-sim") for r in rows) and "k-qscale-hadamard-sim" not in rotated:
+    if (any(r.startswith("policy-") and r.endswith("-qscale-sim") for r in rows) or "nvfp4-qscale" in rows) \
+            and "k-qscale-hadamard-sim" not in rotated:
         rotated.append("k-qscale-hadamard-sim")
     amax, k_mean, k_cov = calibrate(model, cal_tokens, args.calibrate_windows, 512, inputs["meta"].get("bos"),
                                     covariance=bool(rotated))
@@ -845,6 +864,7 @@ def main(argv=None) -> int:
     q_energy = None
     if any("qscale" in r for r in rotated):
         q_energy = query_energy(model, cal_tokens, args.calibrate_windows, 512, setup.bos)
+        setup.k_channel_scale = channel_scale(k_cov, q_energy)
     for row in rotated:
         r = k_rotations(row[len("k-"):-len("-sim")], k_mean, k_cov, q_energy)
         setup.k_rotations[row] = (r, rotated_k_amax(model, cal_tokens, args.calibrate_windows, 512, k_mean, r,

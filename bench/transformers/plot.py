@@ -40,6 +40,7 @@ LABELS = {
     "k-pca-h16-sim": "K - mu on its principal axes, then Hadamard-16 per block, 4over6; V as the control (simulated)",
     "k-qscale-sim": "K - mu, channels scaled by (var k / E q^2)^1/4 (q by its inverse), 4over6; V as the control (simulated)",
     "k-qscale-hadamard-sim": "K - mu, channels scaled as k-qscale, then whole-head Hadamard, 4over6; V as the control (simulated)",
+    "nvfp4-qscale": "cache format: K - mu, / lambda (k_channel_scale), whole-head Hadamard, 4over6; V 4over6 + rotation (KVCache)",
     "policy-5.3-qscale-sim": "calibrated policy, <= 5.3 bits (attention-error layers), NVFP4 K scaled as k-qscale + Hadamard (simulated)",
     "policy-6-qscale-sim": "calibrated policy, <= 6 bits (attention-error layers), NVFP4 K scaled as k-qscale + Hadamard (simulated)",
     "quanto-int4": "transformers QuantizedCache quanto int4",

@@ -128,9 +128,9 @@ def check(layout: Union[Layout, ValidLayout, Plan]) -> ValidLayout:
 
 def with_format(layout: Union[Layout, ValidLayout, Plan], format: Any) -> ValidLayout:
     """The proven layout with a cache format attached (docs/format.md, "Cache formats"): what
-    each tensor's bytes mean (NVFP4 or FP8 E4M3, scale rule, Hadamard rotation, K smoothing).
-    ``format`` is a dict in the format's JSON form (``k_mean`` may be a numpy array, any shape,
-    C order), its JSON text, or a path to a file holding it. Checked against the layout's sizes;
+    each tensor's bytes mean (NVFP4 or FP8 E4M3, scale rule, Hadamard rotation, K smoothing, K's
+    channel scale). ``format`` is a dict in the format's JSON form (``k_mean`` and
+    ``k_channel_scale`` may be numpy arrays, any shape, C order), its JSON text, or a path to a file holding it. Checked against the layout's sizes;
     a bad field raises LayoutError naming it. A Cache over the result stores and reads through
     the format (the CPU reference and the CUDA kernels implement every format; decode and the
     mixed call's decode routes read FP8 beside NVFP4 only in the native layouts' fp16-split
@@ -140,9 +140,10 @@ def with_format(layout: Union[Layout, ValidLayout, Plan], format: Any) -> ValidL
     if isinstance(format, dict):
         doc = dict(format)
         doc.setdefault("nvfp4kv_format", 1)
-        if "k_mean" in doc and doc["k_mean"] is not None:
-            # JSON has no NaN or Inf: they travel as text, which the parser refuses naming the element.
-            doc["k_mean"] = [float(x) if math.isfinite(x) else repr(float(x)) for x in _np_flat(doc["k_mean"])]
+        for key in ("k_mean", "k_channel_scale"):
+            if key in doc and doc[key] is not None:
+                # JSON has no NaN or Inf: they travel as text, which the parser refuses naming the element.
+                doc[key] = [float(x) if math.isfinite(x) else repr(float(x)) for x in _np_flat(doc[key])]
         text = _json.dumps(doc)
     elif isinstance(format, os.PathLike) or (isinstance(format, str) and not format.lstrip().startswith("{")):
         with open(format, "r", encoding="utf-8") as f:

@@ -152,13 +152,14 @@ def _element_groups(doc: Optional[Dict[str, Any]], layers: int) -> Dict[Tuple[st
 
 
 def _group_format(doc: Dict[str, Any], members: List[int], layers: int, heads: int, dim: int) -> Dict[str, Any]:
-    """The format of one group of layers: their entries, and their rows of K's mean."""
+    """The format of one group of layers: their entries, and their rows of K's mean and channel scale."""
     out = dict(doc)
     out["layers"] = [doc["layers"][layer] for layer in members]
-    if doc.get("k_mean") is not None:
-        mu = np.asarray(doc["k_mean"], dtype=np.float64).reshape(-1)
-        if mu.size == layers * heads * dim:  # otherwise with_format names the size
-            out["k_mean"] = mu.reshape(layers, heads, dim)[members].reshape(-1)
+    for key in ("k_mean", "k_channel_scale"):
+        if doc.get(key) is not None:
+            x = np.asarray(doc[key], dtype=np.float64).reshape(-1)
+            if x.size == layers * heads * dim:  # otherwise with_format names the size
+                out[key] = x.reshape(layers, heads, dim)[members].reshape(-1)
     return out
 
 
@@ -691,23 +692,29 @@ def _hadamard(x: np.ndarray, n: int, scale: Any) -> np.ndarray:
 
 
 def _through_format(x: torch.Tensor, side_format: Dict[str, Any], global_scale: float,
-                    mu: Optional[np.ndarray] = None) -> torch.Tensor:
+                    mu: Optional[np.ndarray] = None, lam: Optional[np.ndarray] = None) -> torch.Tensor:
     """K or V (batch, heads, tokens, D) as a cache of ``side_format`` (one side of one layer of a
     cache format's JSON) gives them back, simulated on the host: FP8 E4M3 with the per-tensor scale
     ``global_scale`` (after mu), or NVFP4 through the layer's transforms as the CPU store and gather
     apply them (rows rounded to bfloat16 as the store takes them, minus mu and rotated in float32 in
     the writer's order, nvfp4kv.reference.quantize / dequantize with ``global_scale`` and the rule,
-    the rotation undone and mu added back in float64). mu: (heads, D) for K smoothing, or None."""
+    the rotation undone and mu added back in float64). mu: (heads, D) for K smoothing, or None;
+    lam: (heads, D), K's channel scale (divided out after mu in float32, multiplied back in
+    float64 before mu), or None."""
     from nvfp4kv import reference
     b, h, t, d = x.shape
     gs = float(global_scale)
     rows = x.transpose(1, 2).to(torch.bfloat16).float().reshape(-1, h, d).cpu().numpy()
     mu = np.zeros((h, d), np.float32) if mu is None else np.asarray(mu, np.float32)
     rows = rows - mu  # one float32 rounding per element (nothing where mu is zero)
+    lam = None if lam is None else np.asarray(lam, np.float32)
+    if lam is not None:
+        rows = rows / lam  # one float32 division per element, as the store
     if side_format.get("element") == "fp8_e4m3":  # core/transform.hpp: e4m3(x * (1 / scale)), back as e4m3 * scale
         inv = np.float32(1) / np.float32(gs)
         codes = torch.from_numpy(rows * inv).clamp(-448, 448).to(torch.float8_e4m3fn)
-        back = (codes.float() * torch.tensor(gs, dtype=torch.float32)).double().numpy() + mu
+        back = (codes.float() * torch.tensor(gs, dtype=torch.float32)).double().numpy()
+        back = (back if lam is None else back * lam.astype(np.float64)) + mu
     else:
         n = _rotation_block(side_format.get("rotation"), d)
         if n:  # core/transform.hpp's hadamard_scale: 2^-(k/2), times float(1/sqrt(2)) for odd k
@@ -718,6 +725,8 @@ def _through_format(x: torch.Tensor, side_format: Dict[str, Any], global_scale: 
         back = back.astype(np.float64)
         if n:
             back = _hadamard(back, n, 1.0 / math.sqrt(n))
+        if lam is not None:
+            back = back * lam.astype(np.float64)
         back = back + mu
     y = torch.from_numpy(back.astype(np.float32)).view(b, t, h, d).transpose(1, 2)
     return y.to(x.device, x.dtype)
@@ -734,14 +743,16 @@ class _SidesCache(DynamicCache):
         layers, heads, dim = _kv_dims(config)
         fmt = cal["format"]
         self.formats = [fmt["layers"][l if len(fmt["layers"]) > 1 else 0] for l in range(layers)]
-        mean = fmt.get("k_mean")
-        self.mu = np.asarray(mean, np.float32).reshape(layers, heads, dim) if mean else None
+        mean, lam = fmt.get("k_mean"), fmt.get("k_channel_scale")
+        self.mu = np.asarray(mean, np.float32).reshape(layers, heads, dim) if mean is not None else None
+        self.lam = np.asarray(lam, np.float32).reshape(layers, heads, dim) if lam is not None else None
         self.scales = [(p["k_global_scale"], p["v_global_scale"]) for p in cal["per_layer"]]
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         if (layer_idx, "k") in self.sides:
             key_states = _through_format(key_states, self.formats[layer_idx]["k"], self.scales[layer_idx][0],
-                                         None if self.mu is None else self.mu[layer_idx])
+                                         None if self.mu is None else self.mu[layer_idx],
+                                         None if self.lam is None else self.lam[layer_idx])
         if (layer_idx, "v") in self.sides:
             value_states = _through_format(value_states, self.formats[layer_idx]["v"], self.scales[layer_idx][1])
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)

@@ -91,7 +91,7 @@ Result prepare_decode(const ValidLayout& layout, const CacheBuffers& buffers, co
   if (std::string p = decode_problem(layout, buffers, a); !p.empty()) return invalid(who, p);
   if (Result r = gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
   kernels::LayerFormatView format;
-  if (Result r = layer_format_view(layout, a.layer, a.k_mean, who, ScaleRule::kStandard, &format); !r.ok())
+  if (Result r = layer_format_view(layout, a.layer, a.k_mean, a.k_channel_scale, who, ScaleRule::kStandard, &format); !r.ok())
     return r;
   if (Result r = code_order_checks(layout, who); !r.ok()) return r;
   *out = kernels::DecodeParams{.layout = layout.view(), .cache = buffers, .args = a, .geometry = {}, .format = format};
@@ -115,7 +115,7 @@ Result prepare_short_query(const ValidLayout& layout, const CacheBuffers& buffer
   d.workspace = workspace;
   d.workspace_bytes = workspace_bytes;
   kernels::LayerFormatView format;
-  if (Result r = layer_format_view(layout, a.layer, a.k_mean, who, ScaleRule::kStandard, &format); !r.ok())
+  if (Result r = layer_format_view(layout, a.layer, a.k_mean, a.k_channel_scale, who, ScaleRule::kStandard, &format); !r.ok())
     return r;
   *out = kernels::DecodeParams{.layout = layout.view(), .cache = buffers, .args = d, .geometry = {}, .format = format};
   out->cu_q = a.cu_seqlens_q;

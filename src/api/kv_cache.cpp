@@ -15,7 +15,7 @@ Result store(const ValidLayout& layout, const CacheBuffers& buffers, const Store
   if (std::string p = store_problem(layout, buffers, a); !p.empty()) return api::invalid(who, p);
   if (Result r = api::gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
   kernels::LayerFormatView format;
-  if (Result r = api::layer_format_view(layout, a.layer, a.k_mean, who, a.rule, &format); !r.ok())
+  if (Result r = api::layer_format_view(layout, a.layer, a.k_mean, a.k_channel_scale, who, a.rule, &format); !r.ok())
     return r;
   if (a.type != ElementType::kBFloat16 && a.type != ElementType::kFloat16)
     return api::invalid(who, std::string("rows must be bf16 or fp16, got ") + element_type_name(a.type));
@@ -41,7 +41,7 @@ Result gather(const ValidLayout& layout, const CacheBuffers& buffers, const Gath
   if (a.out_type != ElementType::kBFloat16 && a.out_type != ElementType::kFloat16)
     return api::invalid(who, std::string("output must be bf16 or fp16, got ") + element_type_name(a.out_type));
   kernels::LayerFormatView format;
-  if (Result r = api::layer_format_view(layout, a.layer, a.k_mean, who, ScaleRule::kStandard, &format);
+  if (Result r = api::layer_format_view(layout, a.layer, a.k_mean, a.k_channel_scale, who, ScaleRule::kStandard, &format);
       !r.ok())
     return r;
   if (a.batch.batch == 0) return {};

@@ -39,23 +39,34 @@ inline Result gpu_cache_checks(const ValidLayout& layout, const CacheBuffers& bu
 // The layer's format as the kernels take it (kernels/common/format_view.hpp). Every family
 // takes every format (store by its row kernel where a layer rotates, smooths or gives its NVFP4
 // sides two rules, gather where a layer is not plain NVFP4;
-// decode and prefill with rotations and K smoothing folded into their query and output
+// decode and prefill with rotations, K smoothing and K's channel scale folded into their query and output
 // steps and FP8 sides through their dequantize parts), so nothing is refused here; what is
-// checked is mu's device copy. k_mean is the caller's device copy of format.k_mean, required
-// exactly when the format smooths K. implicit_rule is the rule of a layout without a format
+// checked is mu's and lambda's device copies. k_mean is the caller's device copy of
+// format.k_mean, required exactly when the format smooths K; k_channel_scale the same for
+// format.k_channel_scale. implicit_rule is the rule of a layout without a format
 // (the store call's; readers ignore rules).
-inline Result layer_format_view(const ValidLayout& layout, int64_t layer, const float* k_mean, const char* who,
-                                ScaleRule implicit_rule, kernels::LayerFormatView* out) {
+inline Result layer_format_view(const ValidLayout& layout, int64_t layer, const float* k_mean,
+                                const float* k_channel_scale, const char* who, ScaleRule implicit_rule,
+                                kernels::LayerFormatView* out) {
   const CacheDims& d = layout.layout().dims;
   const CacheFormat& f = layout.format();
   kernels::LayerFormatView v;
   v.k.element = d.k_element, v.v.element = d.v_element;
-  if (f.has_k_mean() && !k_mean)
-    return invalid(who, "the layout's format smooths K (format.k_mean): pass a device copy of its k_mean "
-                        "(layers x kv heads x head_dim floats) as args.k_mean");
-  if (!f.has_k_mean() && k_mean)
-    return invalid(who, "args.k_mean is given but the layout's format smooths no K");
-  if (k_mean && !aligned(k_mean, 4)) return invalid(who, "args.k_mean is misaligned");
+  // A per-channel vector of the format: the caller's device copy exactly when the format has it.
+  const auto vector_check = [&](bool has, const float* copy, const std::string& field, const char* does,
+                                const char* does_not) -> Result {
+    if (has && !copy)
+      return invalid(who, std::string("the layout's format ") + does + " (format." + field + "): pass a device copy of its " +
+                              field + " (layers x kv heads x head_dim floats) as args." + field);
+    if (!has && copy) return invalid(who, "args." + field + " is given but the layout's format " + does_not);
+    if (copy && !aligned(copy, 4)) return invalid(who, "args." + field + " is misaligned");
+    return {};
+  };
+  if (Result r = vector_check(f.has_k_mean(), k_mean, "k_mean", "smooths K", "smooths no K"); !r.ok()) return r;
+  if (Result r = vector_check(f.has_k_channel_scale(), k_channel_scale, "k_channel_scale", "scales K's channels",
+                              "scales no K channels");
+      !r.ok())
+    return r;
   if (f.implicit()) {
     v.k.rule = v.v.rule = implicit_rule;
   } else {
@@ -68,6 +79,7 @@ inline Result layer_format_view(const ValidLayout& layout, int64_t layer, const 
   }
   // K smoothing belongs to the whole cache: also a format without per-layer entries has it.
   if (k_mean) v.k.mean = k_mean + layer * d.heads * d.head_dim;
+  if (k_channel_scale) v.k.channel_scale = k_channel_scale + layer * d.heads * d.head_dim;
   *out = v;
   return {};
 }

@@ -21,7 +21,7 @@ Result prepare_prefill(const ValidLayout& layout, const CacheBuffers& buffers, c
   if (std::string p = prefill_problem(layout, buffers, a); !p.empty()) return invalid(who, p);
   if (Result r = gpu_cache_checks(layout, buffers, who); !r.ok()) return r;
   kernels::LayerFormatView format;
-  if (Result r = layer_format_view(layout, a.layer, a.k_mean, who, ScaleRule::kStandard, &format);
+  if (Result r = layer_format_view(layout, a.layer, a.k_mean, a.k_channel_scale, who, ScaleRule::kStandard, &format);
       !r.ok())
     return r;
   if (a.q_type != ElementType::kBFloat16 && a.q_type != ElementType::kFloat16)
@@ -140,7 +140,7 @@ Result mixed_attention(const ValidLayout& layout, const CacheBuffers& buffers, c
   if (std::string p = prefill_problem(layout, buffers, whole); !p.empty()) return api::invalid(who, p);
   // The format checked once for the whole batch (each run's own preparation builds its view).
   [[maybe_unused]] kernels::LayerFormatView format;
-  if (Result r = api::layer_format_view(layout, whole.layer, whole.k_mean, who,
+  if (Result r = api::layer_format_view(layout, whole.layer, whole.k_mean, whole.k_channel_scale, who,
                                         ScaleRule::kStandard, &format);
       !r.ok())
     return r;

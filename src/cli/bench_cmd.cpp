@@ -58,8 +58,8 @@ std::vector<std::string> transform_list(const Args& a) {
 
 constexpr const char* kTransformHelp =
     "the cache's transforms (default plain), each one timed as its own cache: plain, or any of rotate-k,\n"
-    "rotate-v (Hadamard rotations of the whole head), smooth-k (a K mean subtracted), fp8-k, fp8-v (that\n"
-    "side in FP8 E4M3) joined by '+'";
+    "rotate-v (Hadamard rotations of the whole head), smooth-k (a K mean subtracted), scale-k (K's channels\n"
+    "divided by a channel scale), fp8-k, fp8-v (that side in FP8 E4M3) joined by '+'";
 
 const CommandSpec& bench_spec() {
   static const CommandSpec s{

@@ -117,8 +117,13 @@ const float* CacheFormat::k_mean_row(const CacheDims& d, int64_t layer, int64_t 
   return k_mean.data() + size_t((layer * d.heads + head) * d.head_dim);
 }
 
+const float* CacheFormat::k_channel_scale_row(const CacheDims& d, int64_t layer, int64_t head) const {
+  if (k_channel_scale.empty()) return nullptr;
+  return k_channel_scale.data() + size_t((layer * d.heads + head) * d.head_dim);
+}
+
 bool CacheFormat::plain_nvfp4(int64_t l) const {
-  if (has_k_mean()) return false;
+  if (has_k_mean() || has_k_channel_scale()) return false;
   const LayerFormat f = layer(l);
   for (const TensorFormat* t : {&f.k, &f.v})
     if (t->element != ElementFormat::kNvfp4 || t->rotation != kNoRotation) return false;
@@ -126,7 +131,7 @@ bool CacheFormat::plain_nvfp4(int64_t l) const {
 }
 
 bool CacheFormat::transforms() const {
-  if (has_k_mean()) return true;
+  if (has_k_mean() || has_k_channel_scale()) return true;
   for (const LayerFormat& f : layers)
     if (f.k.rotation != kNoRotation || f.v.rotation != kNoRotation) return true;
   return false;
@@ -139,6 +144,31 @@ int64_t rotation_block(int64_t rotation, int64_t head_dim) {
   return b;
 }
 
+namespace {
+// A (layers, heads, D) vector of the format (empty: absent): its size, and every value finite
+// (positive and normal where `positive`: lambda divides, and a subnormal one would overflow).
+std::string per_channel_problem(const std::vector<float>& x, const char* name, bool positive, const CacheDims& d) {
+  if (x.empty()) return "";
+  const int64_t want = d.layers * d.heads * d.head_dim;
+  if (int64_t(x.size()) != want)
+    return std::string("format.") + name + ": " + std::to_string(x.size()) + " values, expected (layers " +
+           std::to_string(d.layers) + ", heads " + std::to_string(d.heads) + ", D " + std::to_string(d.head_dim) +
+           ") = " + std::to_string(want);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const bool bad = positive ? !(std::isnormal(x[i]) && x[i] > 0) : !std::isfinite(x[i]);
+    if (bad) {
+      const int64_t e = int64_t(i) % d.head_dim, h = int64_t(i) / d.head_dim % d.heads,
+                    l = int64_t(i) / d.head_dim / d.heads;
+      std::ostringstream v;
+      v << x[i];
+      return std::string("format.") + name + "[" + std::to_string(l) + "][" + std::to_string(h) + "][" +
+             std::to_string(e) + "]: " + v.str() + (positive ? " is not a finite, positive, normal float" : " is not finite");
+    }
+  }
+  return "";
+}
+}  // namespace
+
 std::string format_problem(const CacheFormat& f, const CacheDims& d) {
   if (!f.layers.empty() && f.layers.size() != 1 && int64_t(f.layers.size()) != d.layers)
     return "format.layers: " + std::to_string(f.layers.size()) + " entries for a cache of " +
@@ -148,23 +178,8 @@ std::string format_problem(const CacheFormat& f, const CacheDims& d) {
       const std::string where = "format.layers[" + std::to_string(l) + "]." + (s == Side::kK ? "k" : "v");
       if (std::string p = tensor_problem(f.layers[l].side(s), d, where); !p.empty()) return p;
     }
-  if (!f.k_mean.empty()) {
-    const int64_t want = d.layers * d.heads * d.head_dim;
-    if (int64_t(f.k_mean.size()) != want)
-      return "format.k_mean: " + std::to_string(f.k_mean.size()) + " values, expected (layers " +
-             std::to_string(d.layers) + ", heads " + std::to_string(d.heads) + ", D " + std::to_string(d.head_dim) +
-             ") = " + std::to_string(want);
-    for (size_t i = 0; i < f.k_mean.size(); ++i)
-      if (!std::isfinite(f.k_mean[i])) {
-        const int64_t e = int64_t(i) % d.head_dim, h = int64_t(i) / d.head_dim % d.heads,
-                      l = int64_t(i) / d.head_dim / d.heads;
-        std::ostringstream v;
-        v << f.k_mean[i];
-        return "format.k_mean[" + std::to_string(l) + "][" + std::to_string(h) + "][" + std::to_string(e) +
-               "]: " + v.str() + " is not finite";
-      }
-  }
-  return "";
+  if (std::string p = per_channel_problem(f.k_mean, "k_mean", false, d); !p.empty()) return p;
+  return per_channel_problem(f.k_channel_scale, "k_channel_scale", true, d);
 }
 
 double bits_per_value(ElementFormat f) { return f == ElementFormat::kFp8E4M3 ? 8.0 : 4.5; }
@@ -184,8 +199,31 @@ std::string format_to_json(const CacheFormat& f, int indent) {
   json doc = {{"nvfp4kv_format", kCacheFormatVersion}, {"layers", json::array()}};
   for (const LayerFormat& l : f.layers) doc["layers"].push_back({{"k", tensor_json(l.k)}, {"v", tensor_json(l.v)}});
   if (!f.k_mean.empty()) doc["k_mean"] = f.k_mean;  // flat in C order; the cache's sizes give the shape
+  if (!f.k_channel_scale.empty()) doc["k_channel_scale"] = f.k_channel_scale;
   return doc.dump(indent);
 }
+
+namespace {
+// doc[name] as floats (empty when absent): an array of numbers, each finite as a float (the
+// ranges are format_problem's, against a cache's sizes).
+std::vector<float> float_array(const json& doc, const char* name) {
+  std::vector<float> out;
+  if (!doc.contains(name)) return out;
+  const json& a = doc[name];
+  const std::string where = std::string("format.") + name;
+  if (!a.is_array()) throw LayoutError(where + ": expected an array of numbers, got " + json_excerpt(a));
+  out.reserve(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].is_number())
+      throw LayoutError(where + "[" + std::to_string(i) + "]: expected a number, got " + json_excerpt(a[i]));
+    const double x = a[i].get<double>();
+    if (!std::isfinite(float(x)))
+      throw LayoutError(where + "[" + std::to_string(i) + "]: " + json_excerpt(a[i]) + " is not a finite float");
+    out.push_back(float(x));
+  }
+  return out;
+}
+}  // namespace
 
 CacheFormat parse_format(std::string_view text) {
   json doc;
@@ -194,7 +232,7 @@ CacheFormat parse_format(std::string_view text) {
   } catch (const ArgumentError& e) {
     throw LayoutError(e.what());
   }
-  require_keys(doc, {"nvfp4kv_format", "layers", "k_mean"}, "format");
+  require_keys(doc, {"nvfp4kv_format", "layers", "k_mean", "k_channel_scale"}, "format");
   if (!doc.contains("nvfp4kv_format"))
     throw LayoutError("format: \"nvfp4kv_format\" (the version, " + std::to_string(kCacheFormatVersion) +
                       ") is required");
@@ -215,20 +253,8 @@ CacheFormat parse_format(std::string_view text) {
       f.layers.push_back(l);
     }
   }
-  if (doc.contains("k_mean")) {
-    const json& mu = doc["k_mean"];
-    if (!mu.is_array()) throw LayoutError("format.k_mean: expected an array of numbers, got " + json_excerpt(mu));
-    f.k_mean.reserve(mu.size());
-    for (size_t i = 0; i < mu.size(); ++i) {
-      if (!mu[i].is_number())
-        throw LayoutError("format.k_mean[" + std::to_string(i) + "]: expected a number, got " + json_excerpt(mu[i]));
-      const double x = mu[i].get<double>();
-      if (!std::isfinite(float(x)))
-        throw LayoutError("format.k_mean[" + std::to_string(i) + "]: " + json_excerpt(mu[i]) +
-                          " is not a finite float");
-      f.k_mean.push_back(float(x));
-    }
-  }
+  f.k_mean = float_array(doc, "k_mean");
+  f.k_channel_scale = float_array(doc, "k_channel_scale");
   return f;
 }
 
@@ -266,6 +292,12 @@ std::string format_text(const CacheFormat& f, const CacheDims& d) {
       << "]\n";
   } else {
     s << "  K smoothing: none\n";
+  }
+  if (f.has_k_channel_scale()) {
+    float lo = f.k_channel_scale[0], hi = f.k_channel_scale[0];
+    for (float x : f.k_channel_scale) lo = std::min(lo, x), hi = std::max(hi, x);
+    s << "  K channel scale: lambda (" << d.layers << ", " << d.heads << ", " << d.head_dim << ") in [" << lo << ", "
+      << hi << "]\n";
   }
   s << "  bits per value: " << bits_per_value(f, d.layers) << "\n";
   return s.str();

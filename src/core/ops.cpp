@@ -138,6 +138,7 @@ DecodeArgs decode_args_of(const PrefillArgs& a) {
   d.lse = a.lse;
   d.status = a.status;
   d.k_mean = a.k_mean;
+  d.k_channel_scale = a.k_channel_scale;
   return d;
 }
 

@@ -75,7 +75,7 @@ double check_small(const DecodeBenchShape& s) {
   auto dt = DeviceBuffer<int32_t>::from(table);
   auto dl = DeviceBuffer<int32_t>::from(lengths);
   auto dgs = DeviceBuffer<float>::from({gs});
-  const auto dmean = k_mean_on_device(v);
+  const FormatVectors vectors(v);
   DeviceBuffer<uint16_t> out(q.size());
   out.fill_bytes(0xFF);
   DecodePlan plan;
@@ -86,7 +86,7 @@ double check_small(const DecodeBenchShape& s) {
   g.batch.block_table = dt.get();
   g.batch.seq_lens = dl.get();
   g.k_global_scale = g.v_global_scale = dgs.get();
-  if (v.format().has_k_mean()) g.k_mean = dmean.get();
+  vectors.give(g);
   g.out = out.get();
   g.workspace = ws.get();
   g.workspace_bytes = ws.size();
@@ -166,7 +166,7 @@ DecodeBenchResult bench_decode(const DecodeBenchShape& s) {
   auto q = DeviceBuffer<uint16_t>::from(hq);
   DeviceBuffer<uint16_t> out(hq.size());
   auto gs = DeviceBuffer<float>::from({0.01f, 0.01f});
-  const auto mean = k_mean_on_device(v);
+  const FormatVectors vectors(v);
   DecodePlan plan;
   require(plan_decode(v, s.batch, s.q_heads, entries, &plan));
   DeviceBuffer<uint8_t> ws(std::max<size_t>(plan.workspace_bytes, 256));
@@ -178,7 +178,7 @@ DecodeBenchResult bench_decode(const DecodeBenchShape& s) {
   a.softmax_scale = float(1.0 / std::sqrt(double(s.head_dim)));
   a.k_global_scale = gs.get();
   a.v_global_scale = gs.get() + 1;
-  if (v.format().has_k_mean()) a.k_mean = mean.get();
+  vectors.give(a);
   a.out = out.get();
   a.workspace = ws.get();
   a.workspace_bytes = ws.size();

@@ -35,7 +35,7 @@ PrefillBenchResult bench_prefill(const PrefillBenchShape& s) {
   DeviceBuffer<uint16_t> q(size_t(s.batch * s.prompt * s.q_heads * s.head_dim)), out(q.size());
   fill_random_device_bytes(q.get(), q.size() * 2, 41);  // finite halves: the top bits of each byte are masked
   auto gs = DeviceBuffer<float>::from({0.01f, 0.01f});
-  const auto mean = k_mean_on_device(v);
+  const FormatVectors vectors(v);
   PrefillArgs a;
   a.q = q.get();
   a.q_type = s.type;
@@ -46,7 +46,7 @@ PrefillBenchResult bench_prefill(const PrefillBenchShape& s) {
   a.softmax_scale = float(1.0 / std::sqrt(double(s.head_dim)));
   a.k_global_scale = gs.get();
   a.v_global_scale = gs.get() + 1;
-  if (v.format().has_k_mean()) a.k_mean = mean.get();
+  vectors.give(a);
   a.out = out.get();
   const std::vector<int32_t> q_lens(size_t(s.batch), int32_t(s.prompt));
   size_t workspace_bytes = 0;

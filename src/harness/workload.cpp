@@ -146,7 +146,7 @@ int64_t poison_unread_slots(const ValidLayout& valid, int64_t layer, const std::
 }
 
 CacheFormat random_format(int64_t kv_heads, int64_t head_dim, int64_t k_rotation, int64_t v_rotation, bool mean,
-                          uint64_t seed) {
+                          uint64_t seed, bool channel_scale) {
   CacheFormat f;
   if (k_rotation != kNoRotation || v_rotation != kNoRotation) {
     f.layers = {LayerFormat{}};
@@ -159,19 +159,26 @@ CacheFormat random_format(int64_t kv_heads, int64_t head_dim, int64_t k_rotation
     f.k_mean.resize(size_t(kv_heads * head_dim));
     for (float& m : f.k_mean) m = n(rng);
   }
+  if (channel_scale) {
+    std::mt19937 rng{uint32_t(seed) ^ 0x9E3779B9u};
+    std::uniform_real_distribution<float> e(-2.0f, 2.0f);
+    f.k_channel_scale.resize(size_t(kv_heads * head_dim));
+    for (float& x : f.k_channel_scale) x = std::exp2(e(rng));
+  }
   return f;
 }
 
 std::optional<CacheFormat> random_format_over(ElementFormat k, ElementFormat v, int64_t kv_heads, int64_t head_dim,
-                                              int64_t k_rotation, int64_t v_rotation, bool mean, uint64_t seed) {
-  if (k_rotation == kNoRotation && v_rotation == kNoRotation && !mean) return std::nullopt;
-  CacheFormat f = random_format(kv_heads, head_dim, k_rotation, v_rotation, mean, seed);
+                                              int64_t k_rotation, int64_t v_rotation, bool mean, uint64_t seed,
+                                              bool channel_scale) {
+  if (k_rotation == kNoRotation && v_rotation == kNoRotation && !mean && !channel_scale) return std::nullopt;
+  CacheFormat f = random_format(kv_heads, head_dim, k_rotation, v_rotation, mean, seed, channel_scale);
   for (LayerFormat& layer : f.layers) layer.k.element = k, layer.v.element = v;
   return f;
 }
 
 CacheFormat transform_format(const std::string& transforms, int64_t kv_heads, int64_t head_dim, uint64_t seed) {
-  bool rotate_k = false, rotate_v = false, smooth_k = false, fp8_k = false, fp8_v = false;
+  bool rotate_k = false, rotate_v = false, smooth_k = false, scale_k = false, fp8_k = false, fp8_v = false;
   if (transforms != "plain")
     for (size_t at = 0; at <= transforms.size();) {
       const size_t end = std::min(transforms.find('+', at), transforms.size());
@@ -179,18 +186,19 @@ CacheFormat transform_format(const std::string& transforms, int64_t kv_heads, in
       bool* flag = word == "rotate-k" ? &rotate_k
                    : word == "rotate-v" ? &rotate_v
                    : word == "smooth-k" ? &smooth_k
+                   : word == "scale-k"  ? &scale_k
                    : word == "fp8-k"    ? &fp8_k
                    : word == "fp8-v"    ? &fp8_v
                                         : nullptr;
       if (!flag)
         throw ArgumentError("transform \"" + transforms + "\": \"" + word +
-                            "\" is none of rotate-k, rotate-v, smooth-k, fp8-k, fp8-v (joined by '+'), or plain");
+                            "\" is none of rotate-k, rotate-v, smooth-k, scale-k, fp8-k, fp8-v (joined by '+'), or plain");
       if (*flag) throw ArgumentError("transform \"" + transforms + "\" names " + word + " twice");
       *flag = true;
       at = end + 1;
     }
   CacheFormat f = random_format(kv_heads, head_dim, rotate_k ? kRotateWholeHead : kNoRotation,
-                                rotate_v ? kRotateWholeHead : kNoRotation, smooth_k, seed);
+                                rotate_v ? kRotateWholeHead : kNoRotation, smooth_k, seed, scale_k);
   if (fp8_k || fp8_v) {
     if (f.layers.empty()) f.layers.resize(1);
     if (fp8_k) f.layers[0].k.element = ElementFormat::kFp8E4M3;

@@ -162,14 +162,19 @@ class Cache {
     owned_.push_back(std::make_unique<Allocation>(place_, sizeof(DeviceStatus)));
     status_ = reinterpret_cast<DeviceStatus*>(owned_.back()->get());
 #if NVFP4KV_HAVE_CUDA
-    // The kernels take a format's K smoothing rows from device memory: a copy of the
-    // layout's own values, made once (the CPU reference reads the format itself).
-    if (const CacheFormat& f = layout_.format(); place_.cuda && f.has_k_mean()) {
-      const size_t bytes = f.k_mean.size() * sizeof(float);
-      owned_.push_back(std::make_unique<Allocation>(place_, bytes));
-      DeviceGuard on(place_);
-      cuda_ok(cudaMemcpy(owned_.back()->get(), f.k_mean.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-      k_mean_ = reinterpret_cast<const float*>(owned_.back()->get());
+    // The kernels take a format's K smoothing and channel-scale rows from device memory:
+    // copies of the layout's own values, made once (the CPU reference reads the format itself).
+    if (place_.cuda) {
+      const auto upload = [&](const std::vector<float>& values) -> const float* {
+        if (values.empty()) return nullptr;
+        const size_t bytes = values.size() * sizeof(float);
+        owned_.push_back(std::make_unique<Allocation>(place_, bytes));
+        DeviceGuard on(place_);
+        cuda_ok(cudaMemcpy(owned_.back()->get(), values.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+        return reinterpret_cast<const float*>(owned_.back()->get());
+      };
+      k_mean_ = upload(layout_.format().k_mean);
+      k_channel_scale_ = upload(layout_.format().k_channel_scale);
     }
 #endif
   }
@@ -218,6 +223,7 @@ class Cache {
     a.rule = rule_arg(rule);
     a.status = status_;
     a.k_mean = k_mean_;
+    a.k_channel_scale = k_channel_scale_;
     run([&](const CacheBuffers& b, uintptr_t s) {
 #if NVFP4KV_HAVE_CUDA
       if (place_.cuda) return raise_for(nvfp4kv::store(layout_, b, a, reinterpret_cast<cudaStream_t>(s)));
@@ -263,6 +269,7 @@ class Cache {
     a.v_out = v_array.data();
     a.status = status_;
     a.k_mean = k_mean_;
+    a.k_channel_scale = k_channel_scale_;
     run([&](const CacheBuffers& b, uintptr_t s) {
 #if NVFP4KV_HAVE_CUDA
       if (place_.cuda) return raise_for(nvfp4kv::gather(layout_, b, a, reinterpret_cast<cudaStream_t>(s)));
@@ -341,6 +348,7 @@ class Cache {
     }
     a.status = status_;
     a.k_mean = k_mean_;
+    a.k_channel_scale = k_channel_scale_;
   }
 
   // Paged decode attention for one query token per sequence (core/ops.hpp
@@ -711,6 +719,7 @@ class Cache {
   float* scales_ = nullptr;                // (layers, 2): K and V dequant multipliers
   DeviceStatus* status_ = nullptr;
   const float* k_mean_ = nullptr;           // a device copy of the format's k_mean (CUDA caches whose format smooths K)
+  const float* k_channel_scale_ = nullptr;  // the same for its k_channel_scale
   std::vector<std::unique_ptr<Allocation>> workspaces_;  // decode's, newest last
   size_t workspace_size_ = 0;
   std::map<std::tuple<int64_t, int64_t, int64_t>, size_t> workspace_need_;  // (batch, q_heads, stride) -> bytes

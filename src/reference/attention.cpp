@@ -79,9 +79,9 @@ SequenceKv sequence_kv(const Layout& l, const CacheBuffers& buffers, const Batch
 
 // One query row (q_heads, D), element `at` of q on, against the first `tokens`
 // tokens of kv as the cache holds them (layer `layer` of `format`); NaN everywhere
-// when the sequence is poisoned. The cache holds H(k - mu) and H v: so
-// q.k = (H q).(H(k - mu)) + q.mu, and the output comes back from V's basis with H
-// (its own inverse).
+// when the sequence is poisoned. The cache holds H((k - mu) / lambda) and H v: so
+// q.k = (H (lambda q)).(H((k - mu) / lambda)) + q.mu, and the output comes back from V's
+// basis with H (its own inverse).
 void attend_row(const void* q, ElementType type, int64_t at, int64_t q_heads, const SequenceKv& kv, int64_t tokens,
                 const CacheDims& d, const CacheFormat& format, int64_t layer, AttentionOptions o, bool poisoned,
                 double* out, double* lse) {
@@ -99,6 +99,8 @@ void attend_row(const void* q, ElementType type, int64_t at, int64_t q_heads, co
   for (int64_t h = 0; h < q_heads; ++h) {
     if (const float* mu = format.k_mean_row(d, layer, h / group))
       for (int64_t e = 0; e < dim; ++e) bias[size_t(h)] += row[size_t(h * dim + e)] * double(mu[e]);
+    if (const float* lambda = format.k_channel_scale_row(d, layer, h / group))
+      for (int64_t e = 0; e < dim; ++e) row[size_t(h * dim + e)] *= double(lambda[e]);
     rotate_row_f64(k_format, dim, row.data() + h * dim);
   }
   o.score_bias = format.has_k_mean() ? bias.data() : nullptr;

@@ -10,7 +10,8 @@ void transform_row(const CacheFormat& f, const CacheDims& d, int64_t layer, Side
                    int64_t* non_finite) {
   const TensorFormat t = f.layer(layer).side(side);
   const float* mu = side == Side::kK ? f.k_mean_row(d, layer, head) : nullptr;
-  if (!mu && t.rotation == kNoRotation) return;
+  const float* lambda = side == Side::kK ? f.k_channel_scale_row(d, layer, head) : nullptr;
+  if (!mu && !lambda && t.rotation == kNoRotation) return;
   for (int64_t e = 0; e < d.head_dim; ++e)
     if (!fp8_input_finite(row[e])) {  // a NaN rotated would spread over its whole block
       row[e] = 0.0f;
@@ -18,6 +19,8 @@ void transform_row(const CacheFormat& f, const CacheDims& d, int64_t layer, Side
     }
   if (mu)
     for (int64_t e = 0; e < d.head_dim; ++e) row[e] = row[e] - mu[e];
+  if (lambda)
+    for (int64_t e = 0; e < d.head_dim; ++e) row[e] = row[e] / lambda[e];
   if (const int64_t n = rotation_block(t.rotation, d.head_dim); n > 0)
     for (int64_t b = 0; b < d.head_dim; b += n) hadamard_rotate(row + b, n);
 }
@@ -36,6 +39,8 @@ void rotate_row_f64(const TensorFormat& t, int64_t head_dim, double* row) {
 void restore_row_f64(const CacheFormat& f, const CacheDims& d, int64_t layer, Side side, int64_t head,
                      double* row) {
   rotate_row_f64(f.layer(layer).side(side), d.head_dim, row);
+  if (const float* lambda = side == Side::kK ? f.k_channel_scale_row(d, layer, head) : nullptr)
+    for (int64_t e = 0; e < d.head_dim; ++e) row[e] *= double(lambda[e]);
   if (const float* mu = side == Side::kK ? f.k_mean_row(d, layer, head) : nullptr)
     for (int64_t e = 0; e < d.head_dim; ++e) row[e] += double(mu[e]);
 }

@@ -52,6 +52,20 @@ TEST(CacheFormat, ValidatesNamingTheField) {
   EXPECT_EQ(problem_of(f, dims(2, 2, 64)), "");
   f.k_mean[size_t((1 * 2 + 1) * 64 + 5)] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_NE(problem_of(f, dims(2, 2, 64)).find("format.k_mean[1][1][5]: nan is not finite"), std::string::npos);
+  f.k_mean[size_t((1 * 2 + 1) * 64 + 5)] = 1.0f;
+  // lambda divides: every value finite, positive and normal, and (layers, heads, D) of them.
+  f.k_channel_scale.assign(2 * 2 * 64 + 1, 1.0f);
+  EXPECT_NE(problem_of(f, dims(2, 2, 64)).find("format.k_channel_scale: 257 values, expected (layers 2, heads 2, D 64)"),
+            std::string::npos);
+  f.k_channel_scale.assign(256, 0.75f);
+  EXPECT_EQ(problem_of(f, dims(2, 2, 64)), "");
+  for (float bad : {0.0f, -0.5f, 1.0e-40f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    f.k_channel_scale[size_t((0 * 2 + 1) * 64 + 9)] = bad;
+    EXPECT_NE(problem_of(f, dims(2, 2, 64)).find("format.k_channel_scale[0][1][9]: "), std::string::npos) << bad;
+    EXPECT_NE(problem_of(f, dims(2, 2, 64)).find("is not a finite, positive, normal float"), std::string::npos) << bad;
+  }
+  f.k_channel_scale.clear();
+  f.k_mean[size_t((1 * 2 + 1) * 64 + 5)] = std::numeric_limits<float>::quiet_NaN();
   // with_format refuses the same, naming the layout; a valid one is carried by the ValidLayout.
   const ValidLayout plain = validate(instantiate(preset_spec("nvfp4kv-native"), {2, 4, 16, 2, 64}));
   EXPECT_THROW(with_format(plain, f), LayoutError);
@@ -79,6 +93,11 @@ TEST(CacheFormat, TransformsSaysWhenAttentionNeedsItsSteps) {
   f.layers[0].k.rotation = kNoRotation;
   f.k_mean.assign(2 * 2 * 64, 0.0f);  // mu, even all zeros: the kernels still read it
   EXPECT_TRUE(f.transforms());
+  f.k_mean.clear();
+  EXPECT_FALSE(f.transforms());
+  f.k_channel_scale.assign(2 * 2 * 64, 1.0f);  // lambda, even all ones
+  EXPECT_TRUE(f.transforms());
+  EXPECT_FALSE(f.plain_nvfp4(1));
 
   EXPECT_EQ(harness::transform_format("plain", 2, 64, 1), CacheFormat{});
   const CacheFormat all = harness::transform_format("smooth-k+rotate-v+rotate-k", 2, 64, 1);
@@ -92,6 +111,12 @@ TEST(CacheFormat, TransformsSaysWhenAttentionNeedsItsSteps) {
   const CacheFormat mu = harness::transform_format("smooth-k", 2, 64, 1);
   EXPECT_TRUE(mu.implicit());
   EXPECT_TRUE(mu.transforms());
+  const CacheFormat lambda = harness::transform_format("scale-k+smooth-k", 2, 64, 1);
+  EXPECT_TRUE(lambda.implicit());
+  EXPECT_EQ(lambda.k_channel_scale.size(), 2u * 64u);
+  EXPECT_EQ(lambda.k_mean.size(), 2u * 64u);
+  EXPECT_EQ(format_problem(lambda, dims(1, 2, 64)), "");
+  EXPECT_FALSE(all.has_k_channel_scale());
   EXPECT_EQ(format_problem(all, dims(1, 2, 64)), "");
   for (const char* bad : {"", "rotate-k+", "rotate-q", "plain+rotate-k", "rotate-k+rotate-k"})
     EXPECT_THROW(harness::transform_format(bad, 2, 64, 1), ArgumentError) << bad;
@@ -116,6 +141,7 @@ TEST(CacheFormat, JsonRoundTripAndRefusals) {
   std::normal_distribution<float> n(0.0f, 7.0f);
   for (int i = 0; i < 3 * 2 * 64; ++i) f.k_mean.push_back(n(rng));
   f.k_mean[7] = 1.0e-30f;  // subnormal-adjacent and odd values survive the text form exactly
+  for (int i = 0; i < 3 * 2 * 64; ++i) f.k_channel_scale.push_back(std::exp2(float(i % 11) * 0.37f - 2.0f));
   const std::string text = format_to_json(f);
   EXPECT_NE(text.find("\"nvfp4kv_format\": 1"), std::string::npos);
   const CacheFormat back = parse_format(text);
@@ -137,6 +163,8 @@ TEST(CacheFormat, JsonRoundTripAndRefusals) {
   refused(R"({"nvfp4kv_format": 1, "layers": [{"v": {"rule": "6over4"}}]})", "format.layers[0].v.rule");
   refused(R"({"nvfp4kv_format": 1, "k_mean": [0, 1e39]})", "format.k_mean[1]");
   refused(R"({"nvfp4kv_format": 1, "k_mean": [0, "x"]})", "format.k_mean[1]");
+  refused(R"({"nvfp4kv_format": 1, "k_channel_scale": [1, null]})", "format.k_channel_scale[1]: expected a number");
+  refused(R"({"nvfp4kv_format": 1, "k_channel_scale": 2})", "format.k_channel_scale: expected an array");
   refused(R"({"nvfp4kv_format": 1, "nvfp4kv_format": 1})", "twice");
 }
 
@@ -155,6 +183,7 @@ TEST(CacheFormat, BitsPerValue) {
   for (int l : {0, 3, 5, 7, 11, 13, 17, 19}) f.layers[size_t(l)] = k8;
   EXPECT_DOUBLE_EQ(bits_per_value(f, 30), (8 * 6.25 + 22 * 4.5) / 30);
   f.k_mean.assign(30 * 3 * 64, 0.0f);  // mu is per layer, not per token: no bits
+  f.k_channel_scale.assign(30 * 3 * 64, 1.0f);  // nor lambda
   EXPECT_DOUBLE_EQ(bits_per_value(f, 30), (8 * 6.25 + 22 * 4.5) / 30);
 }
 
@@ -247,12 +276,18 @@ TEST(Rotation, MatchesTheMatrixAndIsItsOwnInverse) {
 struct Fixture {
   static constexpr int64_t kTokens = 40, kHeads = 2, kDim = 64, kLayers = 2;
   ValidLayout plain = validate(instantiate(preset_spec("nvfp4kv-native"), {kLayers, 4, 16, kHeads, kDim}));
-  std::vector<float> k, v, mu;
+  std::vector<float> k, v, mu, lambda;
   Fixture() {
     std::mt19937 rng(7);
     std::normal_distribution<float> n(0.0f, 1.0f);
     mu.resize(size_t(kLayers * kHeads * kDim));
     for (float& m : mu) m = 4.0f * n(rng);  // a large constant part, as real K has
+    // lambda: larger on the outlier channels (as calibration chooses it), 2^+-1 elsewhere.
+    lambda.resize(mu.size());
+    for (size_t i = 0; i < lambda.size(); ++i) {
+      const int64_t e = int64_t(i) % kDim;
+      lambda[i] = (e == 3 || e == 40) ? 3.5f : std::exp2(float(int64_t(i) % 5) * 0.5f - 1.0f);
+    }
     for (int64_t t = 0; t < kTokens; ++t)
       for (int64_t h = 0; h < kHeads; ++h)
         for (int64_t e = 0; e < kDim; ++e) {
@@ -268,6 +303,7 @@ struct Fixture {
     f.layers[0].k = {ElementFormat::kNvfp4, ScaleRule::kFourOverSix, 32};
     f.layers[0].v = {ElementFormat::kNvfp4, ScaleRule::kStandard, kRotateWholeHead};
     f.k_mean = mu;
+    f.k_channel_scale = lambda;
     return f;
   }
 };
@@ -297,7 +333,7 @@ double rel_l2(const std::vector<float>& want, const std::vector<float>& got) {
 }
 
 TEST_F(StoredFormat, StoreFollowsTheFormatBitForBit) {
-  // The stored bytes are the block rule on H(k - mu) in float32, the format's rule per side.
+  // The stored bytes are the block rule on H((k - mu) / lambda) in float32, the format's rule per side.
   const CacheDims& d = layout.layout().dims;
   for (int64_t t = 0; t < Fixture::kTokens; ++t)
     for (Side side : {Side::kK, Side::kV})
@@ -307,7 +343,10 @@ TEST_F(StoredFormat, StoreFollowsTheFormatBitForBit) {
                                src.begin() + (t * d.heads + h + 1) * d.head_dim);
         const TensorFormat tf = layout.format().layer(1).side(side);
         if (side == Side::kK)
-          for (int64_t e = 0; e < d.head_dim; ++e) row[size_t(e)] -= x.mu[size_t((1 * d.heads + h) * d.head_dim + e)];
+          for (int64_t e = 0; e < d.head_dim; ++e) {
+            row[size_t(e)] -= x.mu[size_t((1 * d.heads + h) * d.head_dim + e)];
+            row[size_t(e)] /= x.lambda[size_t((1 * d.heads + h) * d.head_dim + e)];
+          }
         const int64_t n = rotation_block(tf.rotation, d.head_dim);
         for (int64_t b = 0; b < d.head_dim; b += n) hadamard_rotate(row.data() + b, n);
         const SideRegions reg = side_regions(side);
@@ -351,6 +390,13 @@ TEST_F(StoredFormat, GatherUndoesTheTransformsAndASkippingReaderFails) {
       reference::gather_sequence(with_format(x.plain, no_mu), cache.buffers, pages, Fixture::kTokens, 1, gs, gs);
   EXPECT_GT(rel_l2(x.k, forgets_mu.k), 0.5);
   EXPECT_LT(rel_l2(x.v, forgets_mu.v), 0.15);
+  // ... and one that forgets lambda.
+  CacheFormat no_lambda = x.transformed();
+  no_lambda.k_channel_scale.clear();
+  const auto forgets_lambda =
+      reference::gather_sequence(with_format(x.plain, no_lambda), cache.buffers, pages, Fixture::kTokens, 1, gs, gs);
+  EXPECT_GT(rel_l2(x.k, forgets_lambda.k), 0.1);
+  EXPECT_EQ(forgets_lambda.v, right.v);
   // stored_values: exactly what the plain reader decodes.
   std::vector<float> k(right.k.size()), v(right.v.size());
   const int32_t cu[2] = {0, int32_t(Fixture::kTokens)};
@@ -364,7 +410,7 @@ TEST_F(StoredFormat, GatherUndoesTheTransformsAndASkippingReaderFails) {
 }
 
 // Attention over the transformed cache equals, in float64, attention over the original-domain
-// dequantized K/V (un-rotated by the Hadamard matrix written out here, mu added), with and
+// dequantized K/V (un-rotated by the Hadamard matrix written out here, times lambda, mu added), with and
 // without soft-capping and sinks; readers that skip a transform do not.
 TEST_F(StoredFormat, DecodeEqualsAttentionOverTheRestoredValues) {
   const CacheFormat& format = layout.format();
@@ -385,7 +431,8 @@ TEST_F(StoredFormat, DecodeEqualsAttentionOverTheRestoredValues) {
           double s = 0;
           const int64_t b = i / n * n;
           for (int64_t j = b; j < b + n; ++j) s += hadamard_entry(i - b, j - b, n) * double(src[size_t(row + j)]);
-          if (side == Side::kK) s += double(x.mu[size_t((1 * d.heads + h) * dim + i)]);
+          if (side == Side::kK)
+            s = s * double(x.lambda[size_t((1 * d.heads + h) * dim + i)]) + double(x.mu[size_t((1 * d.heads + h) * dim + i)]);
           dst[size_t(row + i)] = s;
         }
       }
@@ -413,8 +460,10 @@ TEST_F(StoredFormat, DecodeEqualsAttentionOverTheRestoredValues) {
     };
     EXPECT_LT(max_diff(layout), 1e-12) << "softcap " << softcap << " sinks " << with_sinks;
     EXPECT_GT(max_diff(x.plain), 1e-2) << "a reader that skips every transform";
-    CacheFormat no_mu = format, no_rotation = format;
+    CacheFormat no_mu = format, no_rotation = format, no_lambda = format;
     no_mu.k_mean.clear();
+    no_lambda.k_channel_scale.clear();
+    EXPECT_GT(max_diff(with_format(x.plain, no_lambda)), 1e-2) << "a reader that skips lambda";
     no_rotation.layers[0].k.rotation = no_rotation.layers[0].v.rotation = kNoRotation;
     EXPECT_GT(max_diff(with_format(x.plain, no_mu)), 1e-2) << "a reader that skips mu";
     EXPECT_GT(max_diff(with_format(x.plain, no_rotation)), 1e-2) << "a reader that skips the rotation";

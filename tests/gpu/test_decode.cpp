@@ -142,7 +142,7 @@ Outcome run_case(const Case& k, Mutate mutate) {
   auto dscales = DeviceBuffer<float>::from({gs[0], gs[1]});
   auto dsinks = DeviceBuffer<float>::from(sinks);
   auto dstatus = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
-  const auto dmean = harness::k_mean_on_device(v);
+  const harness::FormatVectors vectors(v);
   DeviceBuffer<uint16_t> out(q.size());
   DeviceBuffer<float> lse(size_t(batch * q_heads));
   out.fill_bytes(0xFF);
@@ -163,7 +163,7 @@ Outcome run_case(const Case& k, Mutate mutate) {
   g.status = dstatus.get();
   g.workspace = ws.get();
   g.workspace_bytes = ws.size();
-  if (v.format().has_k_mean() && !k.plain_reader) g.k_mean = dmean.get();
+  if (!k.plain_reader) vectors.give(g);
   const Result r = decode_attention(k.plain_reader ? plain : v, cache.view(), g, nullptr);
   EXPECT_TRUE(r.ok()) << r.message;
   NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
@@ -268,8 +268,8 @@ TEST_F(GpuDecode, OptionsMatchTheReference) {
   }
 }
 
-// A format's transforms, read by decode from the layout (common/format_view.hpp): K's
-// rotation applied to the query, q . mu added to the logits (per logit under a soft-cap, as
+// A format's transforms, read by decode from the layout (common/format_view.hpp): the query
+// scaled by K's lambda and rotated as K was, q . mu added to the logits (per logit under a soft-cap, as
 // a shift of the row otherwise), V's rotation undone on the output, also where a split
 // sequence's partials merge. The random stored values are read back through the format by
 // the reference in float64. A reader that ignores the format fails: the same bytes read as
@@ -281,9 +281,13 @@ TEST_F(GpuDecode, FormatTransformsMatchTheReference) {
     float softcap;
     bool sinks;
     std::vector<int32_t> lengths;
+    bool channel_scale = false;  // lambda: the query scaled before its rotation
   };
   const std::vector<Variant> variants = {
       {128, kRotateWholeHead, kRotateWholeHead, true, 0, false, {300, 17, 0, 129}},
+      {128, kRotateWholeHead, kNoRotation, true, 1.5f, false, {300, 17, 0, 129}, true},
+      {64, kNoRotation, kNoRotation, false, 0, true, {41000, 5}, true},  // lambda alone, split and merged
+      {256, 64, kRotateWholeHead, false, 0, false, {900, 33}, true},
       {128, 32, kNoRotation, true, 1.5f, true, {300, 17, 0, 129}},
       {64, kNoRotation, 16, true, 0, true, {41000, 5}},  // split and merged
       {256, kRotateWholeHead, 64, false, 0, false, {900, 33}},
@@ -300,9 +304,10 @@ TEST_F(GpuDecode, FormatTransformsMatchTheReference) {
     k.sinks = var.sinks;
     k.seed = uint64_t(++seed);
     k.format = harness::random_format(k.kv_heads, var.head_dim, var.k_rotation, var.v_rotation, var.mean,
-                                      uint64_t(seed));
+                                      uint64_t(seed), var.channel_scale);
     const std::string what = cat("D", var.head_dim, " K rot ", var.k_rotation, " V rot ", var.v_rotation,
-                                 var.mean ? " mu" : "", var.softcap > 0 ? " softcap" : "", var.sinks ? " sinks" : "");
+                                 var.mean ? " mu" : "", var.channel_scale ? " lambda" : "",
+                                 var.softcap > 0 ? " softcap" : "", var.sinks ? " sinks" : "");
     const Outcome o = run_case(k);
     expect_close(k, o, what);
     if (var.lengths[0] > 10000) {

@@ -158,7 +158,7 @@ Outcome run_case(const Case& k, Mutate mutate) {
   auto dscales = DeviceBuffer<float>::from({gs[0], gs[1]});
   auto dsinks = DeviceBuffer<float>::from(sinks);
   auto dstatus = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
-  const auto dmean = harness::k_mean_on_device(v);
+  const harness::FormatVectors vectors(reader);
   DeviceBuffer<uint16_t> out(q.size());
   DeviceBuffer<float> lse(size_t(std::max<int64_t>(rows, 1) * q_heads));
   out.fill_bytes(0xFF);
@@ -174,7 +174,7 @@ Outcome run_case(const Case& k, Mutate mutate) {
   g.out = out.get();
   g.lse = k.lse ? lse.get() : nullptr;
   g.status = dstatus.get();
-  if (reader.format().has_k_mean()) g.k_mean = dmean.get();
+  vectors.give(g);
   if (k.mixed) {
     size_t bytes = 0;
     const Result wr = mixed_workspace_bytes(v, q_lens.data(), batch, q_heads, stride, &bytes);
@@ -385,7 +385,7 @@ Case format_case(int64_t head_dim, float softcap, bool sinks, bool mixed, uint64
 }
 
 // A format's transforms in prefill and in a mixed batch's routes (decode, short-query, prefill):
-// K's rotation applied to each query row, q . mu joining each logit under a soft-cap and
+// each query row scaled by K's lambda and rotated as K was, q . mu joining each logit under a soft-cap and
 // shifting the row otherwise, V's rotation undone on O in registers. Against the reference
 // reading the random stored values back through the format; the same bytes read without the
 // format are off by more than the bound (the output for a rotation, the LSE for mu alone).
@@ -395,9 +395,14 @@ TEST_F(GpuPrefill, FormatTransformsMatchTheReference) {
     bool mean;
     float softcap;
     bool sinks, mixed;
+    bool channel_scale = false;  // lambda: each query row scaled before its rotation
   };
   const std::vector<Variant> variants = {
       {128, kRotateWholeHead, kRotateWholeHead, true, 0, false, false},
+      {128, kRotateWholeHead, kNoRotation, true, 0, false, false, true},
+      {64, kNoRotation, kNoRotation, false, 1.5f, true, false, true},  // lambda alone
+      {256, 64, kRotateWholeHead, false, 0, false, false, true},
+      {128, 32, kNoRotation, true, 0, true, true, true},  // lambda on every route of a mixed batch
       {128, 32, 16, true, 1.5f, true, false},
       {64, kNoRotation, kRotateWholeHead, true, 0, true, false},
       {256, kRotateWholeHead, 64, false, 2.0f, false, false},  // the mma.sync consumers
@@ -409,10 +414,10 @@ TEST_F(GpuPrefill, FormatTransformsMatchTheReference) {
   for (const Variant& var : variants) {
     Case k = format_case(var.head_dim, var.softcap, var.sinks, var.mixed, uint64_t(++seed));
     k.format = harness::random_format(k.kv_heads, var.head_dim, var.k_rotation, var.v_rotation, var.mean,
-                                      uint64_t(seed));
+                                      uint64_t(seed), var.channel_scale);
     const std::string what = cat("D", var.head_dim, " K rot ", var.k_rotation, " V rot ", var.v_rotation,
-                                 var.mean ? " mu" : "", var.softcap > 0 ? " softcap" : "", var.sinks ? " sinks" : "",
-                                 var.mixed ? " mixed" : "");
+                                 var.mean ? " mu" : "", var.channel_scale ? " lambda" : "",
+                                 var.softcap > 0 ? " softcap" : "", var.sinks ? " sinks" : "", var.mixed ? " mixed" : "");
     expect_close(k, run_case(k), what);
     k.plain_reader = true;
     const Outcome wrong = run_case(k);

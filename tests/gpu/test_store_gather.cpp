@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -82,11 +83,10 @@ void store_and_gather(const ValidLayout& valid, int64_t layer, const std::vector
   auto s32 = DeviceBuffer<int32_t>::from(slots32);
   auto scales = DeviceBuffer<float>::from({scales_host[0], scales_host[1]});
   auto status = DeviceBuffer<DeviceStatus>::from({DeviceStatus{}});
-  // A format that smooths K: its k_mean in device memory, as the kernels take it.
-  const bool smooths = valid.format().has_k_mean();
-  const auto mean = harness::k_mean_on_device(valid);
+  // A format that smooths or channel-scales K: its mu and lambda in device memory, as the kernels take them.
+  const harness::FormatVectors vectors(valid);
   StoreArgs g = a;  // the same operation, device pointers
-  if (smooths) g.k_mean = mean.get();
+  vectors.give(g);
   g.rows = {dk.get(), dv.get(), tokens, rows.stride};
   g.slots = int64_slots ? static_cast<const void*>(s64.get()) : s32.get();
   g.k_global_scale = scales.get();
@@ -129,7 +129,7 @@ void store_and_gather(const ValidLayout& valid, int64_t layer, const std::vector
   ga.out_type = type;
   ga.k_out = kout.get();
   ga.v_out = vout.get();
-  if (smooths) ga.k_mean = mean.get();
+  vectors.give(ga);
   const Result gr = gather(valid, cache.view(), ga, nullptr);
   ASSERT_TRUE(gr.ok()) << gr.message;
   NVFP4KV_CUDA_CHECK(cudaDeviceSynchronize());
@@ -139,8 +139,9 @@ void store_and_gather(const ValidLayout& valid, int64_t layer, const std::vector
   for (size_t i = 0; i < n; ++i) bad += (gk[i] != conv(want.k[i])) + (gv[i] != conv(want.v[i]));
   ASSERT_EQ(bad, 0u) << "gather differs from the reference in " << bad << " of " << 2 * n << " values";
   const LayerFormat lf = valid.format().layer(layer);
-  if (lf.k.rotation == kNoRotation && lf.v.rotation == kNoRotation && !smooths) return;  // stored = original values
-  // The stored values too (rotated, mu subtracted), as the reference gives them back.
+  const bool k_vectors = valid.format().has_k_mean() || valid.format().has_k_channel_scale();
+  if (lf.k.rotation == kNoRotation && lf.v.rotation == kNoRotation && !k_vectors) return;  // stored = original values
+  // The stored values too (rotated, mu subtracted, divided by lambda), as the reference gives them back.
   GatherArgs sa = ga;
   sa.stored_values = true;
   std::vector<uint16_t> sk(n, 0xFFFF), sv(n, 0xFFFF);
@@ -482,6 +483,24 @@ TEST_F(Gpu, StoreAndGatherTakeEveryFormat) {
   std::iota(slots.begin(), slots.end(), 3);
   store_and_gather(with_format(plain, smooth_only), 1, slots, ElementType::kBFloat16, ScaleRule::kStandard,
                    harness::RowPattern::kNormal, true, ++seed);
+  // K's channel scale lambda: alone, then with mu and a rotation of the whole head (the writer's
+  // order: - mu, / lambda, rotate; gather: rotate back, * lambda, + mu). Powers of two and not.
+  CacheFormat scaled;
+  scaled.k_channel_scale.resize(size_t(2 * 2 * 128));
+  for (size_t i = 0; i < scaled.k_channel_scale.size(); ++i)
+    scaled.k_channel_scale[i] = (i % 3 == 0) ? std::ldexp(1.0f, int(i % 7) - 3) : 0.3f + 0.05f * float(i % 29);
+  for (ElementType type : {ElementType::kBFloat16, ElementType::kFloat16})
+    store_and_gather(with_format(plain, scaled), 1, slots, type, ScaleRule::kStandard, harness::RowPattern::kNormal,
+                     true, ++seed);
+  CacheFormat all = scaled;
+  all.k_mean = smooth_only.k_mean;
+  all.layers = {LayerFormat{}};
+  all.layers[0].k.rotation = kRotateWholeHead;
+  all.layers[0].k.rule = ScaleRule::kFourOverSix;
+  store_and_gather(with_format(plain, all), 1, slots, ElementType::kBFloat16, ScaleRule::kStandard,
+                   harness::RowPattern::kNormal, true, ++seed);
+  store_and_gather(with_format(plain, all), 0, slots, ElementType::kBFloat16, ScaleRule::kStandard,
+                   harness::RowPattern::kStructured, false, ++seed);
   // FP8 K rows aligned to 8 bytes only: the vectorized store writes each FP8 group byte by byte.
   for (int64_t dim : {64, 128}) {
     const ValidLayout odd = validate(instantiate(test_layouts::fp8_k_rows_8_aligned(),
@@ -606,8 +625,9 @@ TEST_F(Gpu, RowKernelsHandleNonFiniteInputsAndBadEntriesAsTheReference) {
 }
 
 // What a family cannot honour is refused before anything is launched, never read or written
-// as if it were plain NVFP4: a format that smooths K needs its k_mean on the device, and a
-// k_mean without such a format is refused too; a code order decode has no placement for.
+// as if it were plain NVFP4: a format that smooths K needs its k_mean on the device, one that
+// scales K's channels its k_channel_scale, and either without such a format is refused too; a
+// code order decode has no placement for.
 // (Every family takes every format: FP8 sides are read by decode and prefill, test_decode.cpp
 // and test_prefill.cpp.)
 TEST_F(Gpu, FormatsAFamilyLacksAreRefused) {
@@ -655,6 +675,32 @@ TEST_F(Gpu, FormatsAFamilyLacksAreRefused) {
                    "pass a device copy of its k_mean");
     s.k_mean = mean.get();
     expect_refused(store(plain, cache.view(), s, nullptr), Status::kInvalidArgument, "smooths no K");
+  }
+  // k_channel_scale (lambda): the same, for every family; a format with both needs both.
+  {
+    CacheFormat scaled = smoothed;
+    scaled.k_channel_scale.assign(size_t(d.layers * d.heads * d.head_dim), 2.0f);
+    const ValidLayout v = with_format(plain, scaled);
+    auto [a, pa] = args(mean.get());
+    StoreArgs s{.rows = {rows.get(), rows.get(), 1, d.heads * d.head_dim}, .slots = slots.get(), .slots_are_int64 = true,
+                .k_global_scale = scales.get(), .v_global_scale = scales.get() + 1};
+    s.k_mean = mean.get();
+    GatherArgs g{.batch = {.block_table = table.get(), .block_table_stride = 1, .cu_seqlens = lengths.get(), .batch = 1},
+                 .k_global_scale = scales.get(), .v_global_scale = scales.get() + 1, .k_out = rows.get(),
+                 .v_out = rows.get()};
+    g.k_mean = mean.get();
+    const std::string needle = "pass a device copy of its k_channel_scale";
+    expect_refused(store(v, cache.view(), s, nullptr), Status::kInvalidArgument, needle);
+    expect_refused(gather(v, cache.view(), g, nullptr), Status::kInvalidArgument, needle);
+    expect_refused(decode_attention(v, cache.view(), a, nullptr), Status::kInvalidArgument, needle);
+    expect_refused(prefill_attention(v, cache.view(), pa, nullptr), Status::kInvalidArgument, needle);
+    auto lambda = DeviceBuffer<float>::from(scaled.k_channel_scale);
+    a.k_channel_scale = lambda.get();
+    a.k_mean = nullptr;  // lambda given, mu still owed
+    expect_refused(decode_attention(v, cache.view(), a, nullptr), Status::kInvalidArgument, "pass a device copy of its k_mean");
+    a.k_mean = mean.get();
+    expect_refused(decode_attention(with_format(plain, smoothed), cache.view(), a, nullptr), Status::kInvalidArgument,
+                   "scales no K channels");
   }
   // A code order decode has no placement for (high-first): store, gather and prefill take it,
   // decode and a mixed batch's decode run refuse it (never read it as standard); its writes go

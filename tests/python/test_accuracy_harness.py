@@ -120,9 +120,52 @@ def test_the_query_aware_channel_scales_balance_k_spread_against_query_energy():
     var = np.diagonal(cov, axis1=2, axis2=3)
     q_energy = g.uniform(0.1, 10.0, (1, 2, 32))
     lam = 1 / np.diagonal(accuracy.k_rotations("qscale", mu, cov, q_energy), axis1=2, axis2=3)
-    ratio = lam ** 4 * q_energy / var  # lambda^4 proportional to var / E[q^2]
-    assert np.allclose(ratio, ratio[..., :1], rtol=1e-9)
-    assert np.allclose(np.log(lam).mean(axis=2), 0, atol=1e-12)  # geometric mean 1
-    # Where the query energy follows K's spread every scale is 1: the Hadamard control exactly.
+    ratio = lam ** 4 * q_energy / var  # lambda^4 proportional to var / E[q^2] (lambda in float32, as the format holds it)
+    assert np.allclose(ratio, ratio[..., :1], rtol=1e-6)
+    assert np.allclose(np.log(lam).mean(axis=2), 0, atol=1e-6)  # geometric mean 1
+    assert np.allclose(lam, accuracy.channel_scale(cov, q_energy), rtol=1e-12)
+    # Where the query energy follows K's spread every scale is 1: the Hadamard control.
     same = accuracy.k_rotations("qscale-hadamard", mu, cov, 7 * var)
-    assert np.allclose(same, accuracy.k_rotations("hadamard", mu, cov), atol=1e-12)
+    assert np.allclose(same, accuracy.k_rotations("hadamard", mu, cov), atol=1e-6)
+
+
+def test_the_query_scaled_k_simulation_is_what_the_cache_format_stores():
+    # k-qscale-hadamard-sim (R = diag(1 / lambda) H) against KVCache over the format that holds
+    # lambda as k_channel_scale (nvfp4-qscale): the same K rows give the same K back, so the
+    # simulated rows are the format's own. (Compared per layer on the same rows: through a whole
+    # model, float32 eager attention against the cache's float64 attention moves a later layer's
+    # K by an ulp, and a 4over6 block that flips then moves the logits by ~1e-2.)
+    torch = pytest.importorskip("torch", reason="the harness runs models in PyTorch")
+    pytest.importorskip("transformers", reason="the harness runs transformers models")
+    import accuracy
+    import nvfp4kv.transformers as nt
+    from test_transformers import tiny
+
+    model = tiny("llama")
+    layers, heads, dim = nt._kv_dims(model.config)
+    g = np.random.default_rng(6)
+    mu = (g.standard_normal((layers, heads, dim)) * 0.3).astype(np.float32)
+    a = g.standard_normal((layers, heads, dim, dim))
+    cov = np.einsum("lhij,lhkj->lhik", a, a) / dim
+    q_energy = np.exp(g.uniform(-4.0, 4.0, (layers, heads, dim)))  # queries of very unequal energy per channel
+    lam = accuracy.channel_scale(cov, q_energy)
+    assert lam.min() < 0.6 and lam.max() > 1.6  # scales that matter
+    sim = accuracy.RotatedKCache(model.config, mu, accuracy.k_rotations("qscale-hadamard", mu, cov, q_energy),
+                                 [0.004] * layers, [0.003] * layers)
+    side = {"rule": "4over6", "rotation": "head"}
+    fmt = {"layers": [{"k": side, "v": side}], "k_mean": mu, "k_channel_scale": lam}
+    without = {"layers": [{"k": side, "v": side}], "k_mean": mu}
+    k = torch.from_numpy(g.standard_normal((1, heads, 48, dim)).astype(np.float32)) * 0.5
+    for layer in range(layers):
+        want = sim.k_through(k, layer)
+        got, apart = [], []
+        for f, out in ((fmt, got), (without, apart)):
+            cache = nt.KVCache(model.config, max_tokens=64, device="cpu", format=f, global_scales=(0.004, 0.003))
+            for l in range(layers):
+                cache.update(k, k, l)
+            out.append(cache.gather(layer, torch.float32)[0])
+        gap = float((got[0] - want).abs().max() / want.abs().max())
+        print("layer %d: qscale simulation vs the cache format %.3g, the format without lambda %.3g"
+              % (layer, gap, float((apart[0] - want).abs().max() / want.abs().max())))
+        assert gap < 1e-6  # an ulp where float32 steps round apart; a flipped code would be ~1e-2
+        assert float((apart[0] - want).abs().max() / want.abs().max()) > 1e-2

@@ -110,7 +110,7 @@ def test_a_cache_format_is_attached_checked_and_carried(tmp_path):
     valid = nvfp4kv.check(nvfp4kv.plan(layers=2, kv_heads=2, head_dim=64, pages=4).layout)
     assert valid.bits_per_value == 4.5 and _json.loads(valid.format_json)["layers"] == []
     fmt = {"layers": [{"k": {"rotation": 32}}, {"v": {"rule": "4over6", "rotation": "head"}}],
-           "k_mean": _np.zeros((2, 2, 64))}
+           "k_mean": _np.zeros((2, 2, 64)), "k_channel_scale": _np.full((2, 2, 64), 0.5)}
     with_fmt = nvfp4kv.with_format(valid, fmt)
     assert with_fmt.bits_per_value == 4.5
     # The element format is the layout's: FP8 K needs a layout that holds K as FP8.
@@ -121,6 +121,7 @@ def test_a_cache_format_is_attached_checked_and_carried(tmp_path):
     doc = _json.loads(with_fmt.format_json)
     assert doc["layers"][1]["v"] == {"element": "nvfp4", "rule": "4over6", "rotation": "head"}
     assert len(doc["k_mean"]) == 2 * 2 * 64
+    assert doc["k_channel_scale"] == [0.5] * (2 * 2 * 64)
     path = tmp_path / "format.json"
     path.write_text(with_fmt.format_json)
     assert nvfp4kv.with_format(valid, str(path)).format_json == with_fmt.format_json
@@ -128,6 +129,9 @@ def test_a_cache_format_is_attached_checked_and_carried(tmp_path):
     for bad, field in [({"layers": [{"k": {"rotation": 128}}]}, r"format.layers\[0\].k.rotation: 128 does not divide"),
                        ({"k_mean": _np.zeros(5)}, "format.k_mean: 5 values"),
                        ({"k_mean": _np.full((2, 2, 64), _np.nan)}, r'format.k_mean\[0\]: expected a number, got "nan"'),
+                       ({"k_channel_scale": _np.ones((2, 2, 63))}, "format.k_channel_scale: 252 values"),
+                       ({"k_channel_scale": _np.zeros((2, 2, 64))},
+                        r"format.k_channel_scale\[0\]\[0\]\[0\]: 0 is not a finite, positive, normal float"),
                        ({"layers": [{}, {}, {}]}, "format.layers: 3 entries")]:
         with pytest.raises(nvfp4kv.LayoutError, match=field):
             nvfp4kv.with_format(valid, bad)

@@ -230,28 +230,33 @@ def hadamard_matrix(n):
 
 
 class TransformedReferenceCache(transformers.DynamicCache):
-    """ReferenceCache through a format: K - mu, then a Hadamard rotation of blocks of `rotation`
-    (in float32, as the writer), quantized and dequantized by nvfp4kv.reference, rotated back with
-    the Hadamard matrix written out and mu added, in float64: no layout, pages or gather."""
+    """ReferenceCache through a format: K - mu, divided by lambda, then a Hadamard rotation of
+    blocks of `rotation` (in float32, as the writer), quantized and dequantized by
+    nvfp4kv.reference, rotated back with the Hadamard matrix written out, times lambda and mu
+    added, in float64: no layout, pages or gather."""
 
-    def __init__(self, config, mu, rotation, k_rule):
+    def __init__(self, config, mu, rotation, k_rule, lam=None):
         super().__init__(config=config)
-        self.mu, self.rotation, self.k_rule = mu, rotation, k_rule  # mu (layers, heads, D)
+        self.mu, self.rotation, self.k_rule, self.lam = mu, rotation, k_rule, lam  # mu, lam (layers, heads, D)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         n = self.rotation
 
-        def through(x, scale, rule, mu):
+        def through(x, scale, rule, mu, lam=None):
             b, h, t, d = x.shape
             rows = x.transpose(1, 2).to(torch.bfloat16).float().reshape(-1, h, d).numpy()
             if mu is not None:
                 rows = (rows - mu[None].astype(np.float32)).astype(np.float32)
+            if lam is not None:
+                rows = (rows / lam[None].astype(np.float32)).astype(np.float32)
             back = reference.dequantize(*reference.quantize(hadamard_f32(rows, n), scale, rule), scale)
             back = back.astype(np.float64).reshape(-1, h, d // n, n) @ hadamard_matrix(n)
-            back = back.reshape(-1, h, d) + (0.0 if mu is None else mu[None].astype(np.float64))
+            back = back.reshape(-1, h, d) * (1.0 if lam is None else lam[None].astype(np.float64))
+            back = back + (0.0 if mu is None else mu[None].astype(np.float64))
             return torch.from_numpy(back.astype(np.float32)).view(b, t, h, d).transpose(1, 2).to(x.dtype)
 
-        k = through(key_states, K_SCALE, self.k_rule, self.mu[layer_idx])
+        k = through(key_states, K_SCALE, self.k_rule, self.mu[layer_idx],
+                    None if self.lam is None else self.lam[layer_idx])
         v = through(value_states, V_SCALE, "standard", None)
         return super().update(k, v, layer_idx, *args, **kwargs)
 
@@ -261,17 +266,22 @@ def test_a_format_with_rotation_and_smoothing_is_what_the_cache_stores_and_reads
     layers, heads, dim = nt._kv_dims(model.config)
     g = np.random.default_rng(4)
     mu = (g.standard_normal((layers, heads, dim)) * 0.3).astype(np.float32)
-    fmt = {"layers": [{"k": {"rule": "4over6", "rotation": 32}, "v": {"rotation": 32}}], "k_mean": mu}
+    lam = np.exp2(g.uniform(-1.5, 1.5, (layers, heads, dim))).astype(np.float32)  # K's channel scale
+    fmt = {"layers": [{"k": {"rule": "4over6", "rotation": 32}, "v": {"rotation": 32}}], "k_mean": mu,
+           "k_channel_scale": lam}
     ids, mask = batch(model.config.vocab_size, [24, 17], 4)
     chunks = [16, 8, 1, 1, 1, 1]
     cache = make_cache(model, format=fmt)
     assert cache.bytes_per_token() == layers * heads * 2 * dim * 4.5 / 8
     got = run(model, cache, nt.NAME, ids, mask, chunks)
-    want = run(model, TransformedReferenceCache(model.config, mu, 32, "4over6"), "eager", ids, mask, chunks)
+    want = run(model, TransformedReferenceCache(model.config, mu, 32, "4over6", lam), "eager", ids, mask, chunks)
     assert relative_gap(got, want, mask) < TOLERANCE
     # Readers that skip a transform over the same bytes fail the comparison.
-    for skipped in ({"layers": [{"k": {"rule": "4over6", "rotation": 32}, "v": {"rotation": 32}}]},   # mu
-                    {"layers": [{"k": {"rule": "4over6"}}], "k_mean": mu}):                         # rotation
+    for skipped in ({"layers": [{"k": {"rule": "4over6", "rotation": 32}, "v": {"rotation": 32}}],
+                     "k_channel_scale": lam},                                                          # mu
+                    {"layers": [{"k": {"rule": "4over6"}}], "k_mean": mu, "k_channel_scale": lam},     # rotation
+                    {"layers": [{"k": {"rule": "4over6", "rotation": 32}, "v": {"rotation": 32}}],
+                     "k_mean": mu}):                                                                   # lambda
         cache = make_cache(model, format=fmt)
         cache.reader = nvfp4kv.Cache(nvfp4kv.with_format(cache.writer.layout, skipped), "cpu",
                                      buffers=[[cache.writer.buffer(0, layer) for layer in range(layers)]],
@@ -289,18 +299,22 @@ def test_a_format_with_rotation_and_smoothing_is_what_the_cache_stores_and_reads
 @pytest.mark.gpu
 def test_the_kernels_read_a_format_with_rotation_and_smoothing():
     # The same format on CUDA: the store kernel writes the reference's bytes, decode and prefill
-    # rotate the query and the output once per row and add q.mu (soft-capping: per logit).
+    # scale and rotate the query and rotate the output once per row and add q.mu (soft-capping:
+    # per logit).
     model = tiny("gemma2")
     layers, heads, dim = nt._kv_dims(model.config)
-    mu = (np.random.default_rng(4).standard_normal((layers, heads, dim)) * 0.3).astype(np.float32)
-    fmt = {"layers": [{"k": {"rule": "4over6", "rotation": 32}, "v": {"rotation": 32}}], "k_mean": mu}
+    g = np.random.default_rng(4)
+    mu = (g.standard_normal((layers, heads, dim)) * 0.3).astype(np.float32)
+    lam = np.exp2(g.uniform(-1.5, 1.5, (layers, heads, dim))).astype(np.float32)
+    fmt = {"layers": [{"k": {"rule": "4over6", "rotation": 32}, "v": {"rotation": 32}}], "k_mean": mu,
+           "k_channel_scale": lam}
     ids, mask = batch(model.config.vocab_size, [24, 17], 4)
     chunks = [16, 8, 1, 1, 1, 1]
-    want = run(model, TransformedReferenceCache(model.config, mu, 32, "4over6"), "eager", ids, mask, chunks)
+    want = run(model, TransformedReferenceCache(model.config, mu, 32, "4over6", lam), "eager", ids, mask, chunks)
     model.cuda()
     gpu = run(model, make_cache(model, device="cuda", format=fmt), nt.NAME, ids.cuda(), mask.cuda(), chunks).cpu()
     assert relative_gap(gpu, want, mask) < GPU_TOLERANCE
-    plain = {"layers": [{"k": {"rule": "4over6"}}]}  # the same bytes read without rotation or mu
+    plain = {"layers": [{"k": {"rule": "4over6"}}]}  # the same bytes read without rotation, mu or lambda
     cache = make_cache(model, device="cuda", format=fmt)
     cache.reader = nvfp4kv.Cache(nvfp4kv.with_format(cache.writer.layout, plain), str(cache.device),
                                  buffers=[[cache.writer.buffer(0, layer) for layer in range(layers)]],

@@ -2,8 +2,8 @@
 // The cache's format: how each tensor's values become the bytes the layout places.
 // The layout says where a byte lives; the format says what the bytes mean: per layer
 // and per tensor (K, V) the element format (NVFP4, or FP8 E4M3 with a per-tensor scale),
-// NVFP4's scale rule, an optional Hadamard rotation, and a K smoothing vector mu
-// subtracted before quantizing. A ValidLayout carries one (with_format), so the
+// NVFP4's scale rule, an optional Hadamard rotation, a K smoothing vector mu subtracted
+// before quantizing and a K channel scale lambda divided out after it. A ValidLayout carries one (with_format), so the
 // writer and every reader take it from the same object (docs/format.md, "Cache formats").
 #include <optional>
 #include <string>
@@ -51,19 +51,31 @@ struct CacheFormat {
   // Empty, or (layers, heads, D) floats, finite: mu, subtracted from K before it is
   // rotated and quantized; readers add q.mu back to every score.
   std::vector<float> k_mean;
+  // Empty, or (layers, heads, D) floats, each finite, positive and normal: lambda, K's
+  // channel scale. The writer stores H((k - mu) / lambda), so readers multiply the query by
+  // lambda before rotating it (q . k = (H (lambda q)) . stored + q . mu) and gather
+  // multiplies the restored row by lambda before adding mu. Chosen against the queries'
+  // energy (docs/calibration.md), it evens out the quantization error each channel adds
+  // to the scores.
+  std::vector<float> k_channel_scale;
 
   bool implicit() const { return layers.empty(); }
   LayerFormat layer(int64_t l) const;  // LayerFormat{} when implicit, else that layer's (or the one) entry
   bool has_k_mean() const { return !k_mean.empty(); }
   // mu of (layer, head): D floats, or nullptr without smoothing.
   const float* k_mean_row(const CacheDims& d, int64_t layer, int64_t head) const;
-  // Plain NVFP4 in this layer: no FP8, no rotation, no mu (either rule).
+  bool has_k_channel_scale() const { return !k_channel_scale.empty(); }
+  // lambda of (layer, head): D floats, or nullptr without a channel scale.
+  const float* k_channel_scale_row(const CacheDims& d, int64_t layer, int64_t head) const;
+  // Plain NVFP4 in this layer: no FP8, no rotation, no mu, no lambda (either rule).
   bool plain_nvfp4(int64_t layer) const;
-  // Some layer rotates K or V, or K is smoothed: attention needs its query and output
+  // Some layer rotates K or V, or K is smoothed or channel-scaled: attention needs its query and output
   // steps (the GPU kernels compile them only into the instances that take them).
   bool transforms() const;
 };
-inline bool operator==(const CacheFormat& a, const CacheFormat& b) { return a.layers == b.layers && a.k_mean == b.k_mean; }
+inline bool operator==(const CacheFormat& a, const CacheFormat& b) {
+  return a.layers == b.layers && a.k_mean == b.k_mean && a.k_channel_scale == b.k_channel_scale;
+}
 
 const char* scale_rule_name(ScaleRule r);            // "standard", "4over6"
 
@@ -91,14 +103,14 @@ double bits_per_value(const CacheDims& d);
 std::string element_problem(const CacheFormat& f, const CacheDims& d);
 
 // JSON text, versioned: {"nvfp4kv_format": 1, "layers": [{"k": {...}, "v": {...}}, ...],
-// "k_mean": [[[...]]] (layers x heads x D) or absent}. Parse refuses unknown keys, a
+// "k_mean": [...] and "k_channel_scale": [...] (layers x heads x D, flat in C order) or absent}. Parse refuses unknown keys, a
 // missing or newer version and ill-typed fields, naming the field; the sizes are checked
 // against a cache by format_problem (with_format does both).
 std::string format_to_json(const CacheFormat& f, int indent = 2);
 CacheFormat parse_format(std::string_view json_text);  // throws LayoutError
 CacheFormat load_format(const std::string& path);      // a file, at most 64 MiB
 
-// Lines for `layout show`: one per distinct layer format, plus mu's shape and range.
+// Lines for `layout show`: one per distinct layer format, plus mu's and lambda's shape and range.
 std::string format_text(const CacheFormat& f, const CacheDims& d);
 
 }  // namespace nvfp4kv

@@ -41,6 +41,9 @@ struct StoreArgs {
   // format.k_mean (layers x kv heads x D floats, the same values), required exactly when
   // the format smooths K. The CPU reference reads the format itself and ignores it.
   const float* k_mean = nullptr;
+  // The same for K's channel scale: a device copy of format.k_channel_scale (layers x kv
+  // heads x D floats), required exactly when the format has one.
+  const float* k_channel_scale = nullptr;
 
   NVFP4KV_HD int64_t slot(int64_t i) const {
     return slots_are_int64 ? static_cast<const int64_t*>(slots)[i] : int64_t(static_cast<const int32_t*>(slots)[i]);
@@ -66,6 +69,9 @@ struct GatherArgs {
   // format.k_mean (layers x kv heads x D floats, the same values), required exactly when
   // the format smooths K. The CPU reference reads the format itself and ignores it.
   const float* k_mean = nullptr;
+  // The same for K's channel scale: a device copy of format.k_channel_scale (layers x kv
+  // heads x D floats), required exactly when the format has one.
+  const float* k_channel_scale = nullptr;
 
   NVFP4KV_HD const float* global_scale(Side s) const { return s == Side::kK ? k_global_scale : v_global_scale; }
   NVFP4KV_HD void* out(Side s) const { return s == Side::kK ? k_out : v_out; }
@@ -100,6 +106,9 @@ struct DecodeArgs {
   // format.k_mean (layers x kv heads x D floats, the same values), required exactly when
   // the format smooths K. The CPU reference reads the format itself and ignores it.
   const float* k_mean = nullptr;
+  // The same for K's channel scale: a device copy of format.k_channel_scale (layers x kv
+  // heads x D floats), required exactly when the format has one.
+  const float* k_channel_scale = nullptr;
 
   NVFP4KV_HD const float* global_scale(Side s) const { return s == Side::kK ? k_global_scale : v_global_scale; }
 };
@@ -137,6 +146,9 @@ struct PrefillArgs {
   // format.k_mean (layers x kv heads x D floats, the same values), required exactly when
   // the format smooths K. The CPU reference reads the format itself and ignores it.
   const float* k_mean = nullptr;
+  // The same for K's channel scale: a device copy of format.k_channel_scale (layers x kv
+  // heads x D floats), required exactly when the format has one.
+  const float* k_channel_scale = nullptr;
 
   NVFP4KV_HD const float* global_scale(Side s) const { return s == Side::kK ? k_global_scale : v_global_scale; }
   // Raw q length of sequence s (may be negative or above max_q_len: the kernels count it).

@@ -76,11 +76,30 @@ class DeviceCache {
   std::vector<DeviceBuffer<uint8_t>> buffers_;
 };
 
-// The layout's format's mu (layers x kv heads x D floats) where the kernels read it
-// (args.k_mean, required exactly when the format smooths K); one float where it smooths none,
-// which no call is given.
-inline DeviceBuffer<float> k_mean_on_device(const ValidLayout& layout) {
-  return DeviceBuffer<float>::from(layout.format().has_k_mean() ? layout.format().k_mean : std::vector<float>{0.0f});
-}
+// The layout's format's per-channel vectors, mu and lambda (layers x kv heads x D floats
+// each), where the kernels read them: give() sets args.k_mean and args.k_channel_scale to the
+// device copies the format has and to null where it has none (what every call requires).
+class FormatVectors {
+ public:
+  explicit FormatVectors(const CacheFormat& f)
+      : mean_(DeviceBuffer<float>::from(f.has_k_mean() ? f.k_mean : std::vector<float>{0.0f})),
+        scale_(DeviceBuffer<float>::from(f.has_k_channel_scale() ? f.k_channel_scale : std::vector<float>{1.0f})),
+        has_mean_(f.has_k_mean()),
+        has_scale_(f.has_k_channel_scale()) {}
+  explicit FormatVectors(const ValidLayout& layout) : FormatVectors(layout.format()) {}
+
+  const float* mean() const { return has_mean_ ? mean_.get() : nullptr; }
+  const float* channel_scale() const { return has_scale_ ? scale_.get() : nullptr; }
+  // StoreArgs, GatherArgs, DecodeArgs or PrefillArgs.
+  template <typename Args>
+  void give(Args& a) const {
+    a.k_mean = mean();
+    a.k_channel_scale = channel_scale();
+  }
+
+ private:
+  DeviceBuffer<float> mean_, scale_;
+  bool has_mean_, has_scale_;
+};
 
 }  // namespace nvfp4kv::harness

@@ -66,21 +66,23 @@ int64_t poison_unread_slots(const ValidLayout& layout, int64_t layer, const std:
                             const std::vector<int32_t>& lengths, std::vector<std::vector<uint8_t>>& bytes);
 
 // A one-layer cache format over random stored values: K's and V's rotations (kNoRotation,
-// a block size or kRotateWholeHead) and, with `mean`, a K smoothing vector mu ~ N(0, 2) per
-// (head, channel), the size of random_cache's K values. Without rotations the format has no
-// per-layer entries: mu alone (smoothing is the cache's).
+// a block size or kRotateWholeHead), with `mean` a K smoothing vector mu ~ N(0, 2) per
+// (head, channel), the size of random_cache's K values, and with `channel_scale` a K channel
+// scale lambda = 2^u, u uniform in [-2, 2], per (head, channel). Without rotations the format
+// has no per-layer entries: mu and lambda alone (they are the cache's).
 CacheFormat random_format(int64_t kv_heads, int64_t head_dim, int64_t k_rotation, int64_t v_rotation, bool mean,
-                          uint64_t seed);
+                          uint64_t seed, bool channel_scale = false);
 
 // The same over a layout whose K and V hold `k` and `v` elements: the per-layer entry, where
 // there is one, names them (a format agrees with its layout's elements); no format at all
-// where nothing is rotated or smoothed.
+// where nothing is rotated, smoothed or channel-scaled.
 std::optional<CacheFormat> random_format_over(ElementFormat k, ElementFormat v, int64_t kv_heads, int64_t head_dim,
-                                              int64_t k_rotation, int64_t v_rotation, bool mean, uint64_t seed);
+                                              int64_t k_rotation, int64_t v_rotation, bool mean, uint64_t seed,
+                                              bool channel_scale = false);
 
 // The transforms the benchmarks time beside plain NVFP4 (nvfp4kv bench decode|prefill
 // --transform): "plain", or words joined by '+' from "rotate-k", "rotate-v" (a rotation of
-// the whole head), "smooth-k" (mu), "fp8-k" and "fp8-v" (that side's elements in FP8 E4M3,
+// the whole head), "smooth-k" (mu), "scale-k" (lambda), "fp8-k" and "fp8-v" (that side's elements in FP8 E4M3,
 // which the layout must then hold: bench_layout makes it so): a random_format. Throws
 // ArgumentError naming the word it does not know.
 CacheFormat transform_format(const std::string& transforms, int64_t kv_heads, int64_t head_dim, uint64_t seed);

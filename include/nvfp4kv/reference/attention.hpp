@@ -28,8 +28,9 @@ struct DecodeResult {
   std::vector<double> lse;  // (batch, q_heads)
 };
 
-// decode_attention's definition on host pointers. With the layout's format: q is rotated
-// as K was, scores are q.(k - mu) + q.mu, the output is rotated back as V was; so the result
+// decode_attention's definition on host pointers. With the layout's format: q is scaled by
+// lambda and rotated as K was, scores are q.(k - mu) + q.mu, the output is rotated back as V
+// was; so the result
 // is attention over the original-domain values (what gather returns) up to fp64 rounding. (DecodeArgs: q, block table,
 // lengths, global scales, sinks are read; out, lse, workspace are not used).
 // Bad entries are handled as the GPU does: counted in args.status, and the

@@ -10,8 +10,8 @@
 namespace nvfp4kv::reference {
 
 // The writer's side of the format, in place on D floats of (layer, side, head): non-finite
-// inputs become +0 (counted in *non_finite) when a transform follows, then K - mu, then the
-// rotation. Without a transform the row is left as it is (the block rule handles non-finite
+// inputs become +0 (counted in *non_finite) when a transform follows, then K - mu, then
+// (K - mu) / lambda (one float32 division per element), then the rotation. Without a transform the row is left as it is (the block rule handles non-finite
 // inputs then).
 void transform_row(const CacheFormat& format, const CacheDims& dims, int64_t layer, Side side, int64_t head,
                    float* row, int64_t* non_finite);
@@ -25,7 +25,7 @@ void hadamard_f64(double* x, int64_t n);
 void rotate_row_f64(const TensorFormat& t, int64_t head_dim, double* row);
 
 // Stored values of (layer, side, head) back to original ones, in place: rotation undone,
-// then mu added (K only).
+// then multiplied by lambda and mu added (K only).
 void restore_row_f64(const CacheFormat& format, const CacheDims& dims, int64_t layer, Side side, int64_t head,
                      double* row);
 

@@ -16,13 +16,15 @@
 namespace nvfp4kv::kernels::attention {
 
 // The query step's part of a cache format's transforms (common/format_view.hpp). The
-// writer stored H (k - mu) for K's orthonormal, symmetric block-diagonal Hadamard H and
-// smoothing row mu, so q . k = (H q) . stored + q . mu: the query is rotated once here
+// writer stored H ((k - mu) / lambda) for K's orthonormal, symmetric block-diagonal
+// Hadamard H, smoothing row mu and channel scale lambda, so
+// q . k = (H (lambda q)) . stored + q . mu: the query is scaled and rotated once here
 // (nothing per token) and q . mu is returned for the logit, in float32 from the
-// query's own values, before the rotation.
+// query's own values, before the scaling.
 struct QueryTransform {
-  int rotation = 0;             // block size of K's rotation; 0: none
-  const float* mean = nullptr;  // the kv head's mu row (D floats), or null
+  int rotation = 0;                      // block size of K's rotation; 0: none
+  const float* mean = nullptr;           // the kv head's mu row (D floats), or null
+  const float* channel_scale = nullptr;  // the kv head's lambda row (D floats), or null
 };
 
 // H_n on a row spread as lane l's v[k] = column l + 32 k (butterflies of span < 32 across
@@ -65,8 +67,8 @@ __device__ __noinline__ SpreadRow<kD> rotated_spread_row(SpreadRow<kD> r, int n,
 }
 
 // One warp, one row: lane l takes columns l + 32 k of `row` (kType bits; null
-// for a padding row, all zeros), applies the format's query transform (t; q . mu
-// into *q_dot_mean on every lane when t.mean is given), writes the prescaled row by
+// for a padding row, all zeros), applies the format's query transform (t: q . mu
+// into *q_dot_mean on every lane when t.mean is given, then q times lambda, then the rotation), writes the prescaled row by
 // put(column, value) (kD halves, columns past `dim` zero) and returns the row's
 // logit multiplier (every lane). kInlineRotation: K's rotation in the caller's body
 // instead of the out-of-line call (a call saves and restores registers through local
@@ -75,20 +77,22 @@ template <int kD, ElementType kType, typename Format, bool kInlineRotation = fal
 __device__ __forceinline__ float prescale_query_row_to(const uint16_t* row, int64_t dim, int lane, Put put,
                                                        float logit_scale, QueryTransform t = {},
                                                        float* q_dot_mean = nullptr) {
-  float v[kD / 32], mu[kD / 32];
+  float v[kD / 32], mu[kD / 32], lambda[kD / 32];
   float amax = 0;
-  // mu's loads issued beside the query's, so that their latencies overlap (one after the
-  // other, a block's query step would wait for two trips to memory per row).
+  // mu's and lambda's loads issued beside the query's, so that their latencies overlap (one
+  // after the other, a block's query step would wait for several trips to memory per row).
 #pragma unroll
   for (int k = 0; k < kD / 32; ++k) {
     const int col = lane + 32 * k;
     v[k] = 0;
     mu[k] = 0;
+    lambda[k] = 1;
     if (row && col < dim) {
       const uint16_t bits = row[col];
       v[k] = kType == ElementType::kBFloat16 ? __uint_as_float(uint32_t(bits) << 16) : __half2float(__ushort_as_half(bits));
     }
     if (t.mean && col < dim) mu[k] = t.mean[col];
+    if (t.channel_scale && col < dim) lambda[k] = t.channel_scale[col];
   }
   if (t.mean) {
     float dot = 0;
@@ -98,6 +102,10 @@ __device__ __forceinline__ float prescale_query_row_to(const uint16_t* row, int6
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
     if (q_dot_mean) *q_dot_mean = dot;
+  }
+  if (t.channel_scale) {
+#pragma unroll
+    for (int k = 0; k < kD / 32; ++k) v[k] *= lambda[k];
   }
   if (t.rotation > 0) {
     if constexpr (kInlineRotation) {

@@ -1,9 +1,10 @@
 #pragma once
 // One layer of a cache format as the kernels read it (core/cache_format.hpp): per side the
-// element format, the scale rule, the rotation's block size and, for K, the smoothing rows.
+// element format, the scale rule, the rotation's block size and, for K, the smoothing and
+// channel-scale rows.
 // The API builds it from the validated layout's format (api/launch_checks.hpp,
 // layer_format_view), so the writer and every reader take their transforms from the same
-// object; only mu travels separately, as a device copy of the format's own values.
+// object; only mu and lambda travel separately, as device copies of the format's own values.
 #include <cstdint>
 
 #include "nvfp4kv/core/cache_format.hpp"
@@ -16,10 +17,14 @@ struct SideFormatView {
   ScaleRule rule = ScaleRule::kStandard;
   int32_t rotation = 0;         // block size of the block-diagonal Hadamard rotation; 0: none
   const float* mean = nullptr;  // K smoothing: this layer's (kv heads x D) rows in device memory, or null
+  const float* channel_scale = nullptr;  // K's lambda: this layer's (kv heads x D) rows in device memory, or null
 
-  NVFP4KV_HD bool transformed() const { return rotation > 0 || mean != nullptr; }
+  NVFP4KV_HD bool transformed() const { return rotation > 0 || mean != nullptr || channel_scale != nullptr; }
   NVFP4KV_HD const float* mean_row(int64_t head, int64_t head_dim) const {
     return mean ? mean + head * head_dim : nullptr;
+  }
+  NVFP4KV_HD const float* channel_scale_row(int64_t head, int64_t head_dim) const {
+    return channel_scale ? channel_scale + head * head_dim : nullptr;
   }
 };
 

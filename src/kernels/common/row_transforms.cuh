@@ -1,7 +1,7 @@
 #pragma once
 // A cache format's transforms on one (token, head) row held in shared memory by one
 // warp: the writer's side in float32, bit for bit as the reference writes
-// (core/transform.hpp: non-finite inputs to +0, K - mu, butterflies of span 1, 2, 4, ...,
+// (core/transform.hpp: non-finite inputs to +0, K - mu, divided by lambda, butterflies of span 1, 2, 4, ...,
 // one multiplication by hadamard_scale), and the readers' way back in float64 as the
 // reference reads (reference/transform.hpp). Every butterfly is one rounding of its own,
 // so a stage's butterflies run in parallel over the lanes and still give the sequential

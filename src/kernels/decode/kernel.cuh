@@ -330,8 +330,10 @@ struct DecodeBlock {
                                          (th.kv_head * group + r % group) * d.head_dim
                                    : nullptr;
       if constexpr (kSteps) {
-        // The format's query step: K's rotation applied to the row, q . mu for K's smoothing.
-        const attention::QueryTransform t{p.format.k.rotation, p.format.k.mean_row(th.kv_head, d.head_dim)};
+        // The format's query step: q . mu for K's smoothing, the row times K's channel scale,
+        // then K's rotation applied to it.
+        const attention::QueryTransform t{p.format.k.rotation, p.format.k.mean_row(th.kv_head, d.head_dim),
+                                          p.format.k.channel_scale_row(th.kv_head, d.head_dim)};
         float q_mu = 0;
         const float scale = attention::prescale_query_row<kD, kType, KFormat>(q, d.head_dim, th.lane, s.q + r * kD,
                                                                               a.softmax_scale * k_global_scale, t, &q_mu);

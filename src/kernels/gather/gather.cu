@@ -245,6 +245,8 @@ __device__ void gather_rows_device(const GatherParams& p, double* row, int64_t s
     }
     if (!a.stored_values && f.transformed()) {
       if (f.rotation > 0) hadamard_row(row, d.head_dim, f.rotation, lane);
+      if (const float* lambda = f.channel_scale_row(h, d.head_dim))
+        for (int64_t e = lane; e < d.head_dim; e += 32) row[e] = __dmul_rn(row[e], double(lambda[e]));
       if (const float* mu = f.mean_row(h, d.head_dim))
         for (int64_t e = lane; e < d.head_dim; e += 32) row[e] = __dadd_rn(row[e], double(mu[e]));
     }

@@ -310,8 +310,10 @@ __device__ void load_query(const PrefillParams& p, const Smem<kD>& s, const Bloc
     // The format's query step: K's rotation applied to the row (inline: an out-of-line call
     // saves and restores registers through local memory, which beside the ring lives in L2;
     // run 66 measured rotate-k 6 % slower than smooth-k at 1 x 8K D 128 with the call), q . mu
-    // for K's smoothing (none in the instances without the steps).
-    const QueryTransform t = kSteps ? QueryTransform{p.format.k.rotation, p.format.k.mean_row(b.kv_head, dim)} : QueryTransform{};
+    // for K's smoothing and q times K's channel scale (none in the instances without the steps).
+    const QueryTransform t = kSteps ? QueryTransform{p.format.k.rotation, p.format.k.mean_row(b.kv_head, dim),
+                                                     p.format.k.channel_scale_row(b.kv_head, dim)}
+                                    : QueryTransform{};
     float scale, q_mu = 0;
     if constexpr (kWgmmaTiles<kD>) {
       char* const q = reinterpret_cast<char*>(s.q);

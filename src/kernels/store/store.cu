@@ -249,6 +249,7 @@ __device__ void store_row(const StoreParams& p, float* row, int64_t item, int la
   const float kgs = *a.k_global_scale, vgs = *a.v_global_scale;
   const SideFormatView& f = p.format.side(side);
   const float* const mu = f.mean_row(h, d.head_dim);
+  const float* const lambda = f.channel_scale_row(h, d.head_dim);
   const uint16_t* const src =
       static_cast<const uint16_t*>(a.rows.side(side)) + token * a.rows.token_stride + h * d.head_dim;
   unsigned long long non_finite = 0;
@@ -257,6 +258,7 @@ __device__ void store_row(const StoreParams& p, float* row, int64_t item, int la
     if (f.transformed()) {  // a NaN rotated would spread over its whole block
       if (!fp8_input_finite(x)) x = 0.0f, ++non_finite;
       if (mu) x = __fsub_rn(x, mu[e]);
+      if (lambda) x = __fdiv_rn(x, lambda[e]);
     }
     row[e] = x;
   }
