@@ -202,12 +202,14 @@ Kit generate(const ValidLayout& valid, const KitOptions& opt) {
           "layer " + std::to_string(opt.layer) + " is outside the layout's [0, " + std::to_string(d.layers) + ")");
   // The signatures are designed in the stored codes of the standard rule: a transform or 4over6
   // between the rows and the codes would rewrite them, so kits cover plain NVFP4 only.
-  if (const CacheFormat& f = valid.format(); !f.implicit()) {
+  // mu and lambda are the cache's, so a format without per-layer entries can carry them too.
+  {
+    const CacheFormat& f = valid.format();
     const LayerFormat lf = f.layer(opt.layer);
     require(f.plain_nvfp4(opt.layer) && lf.k.rule == ScaleRule::kStandard && lf.v.rule == ScaleRule::kStandard,
             "the layout's format transforms layer " + std::to_string(opt.layer) +
-                " (FP8, a rotation, K smoothing or 4over6); conformance kits cover plain NVFP4 with the standard "
-                "rule only so far");
+                " (FP8, a rotation, K smoothing, K's channel scale or 4over6); conformance kits cover plain NVFP4 "
+                "with the standard rule only so far");
   }
   int64_t cache_bytes = 0;
   for (const Buffer& b : l.buffers) cache_bytes += b.bytes;

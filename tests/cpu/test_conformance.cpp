@@ -203,6 +203,16 @@ TEST(ConformanceKit, RefusesFormatsItsSignaturesCannotCarry) {
   f.layers[0].k.rotation = kNoRotation;
   f.layers[0].v.rule = ScaleRule::kFourOverSix;
   EXPECT_THROW(generate(with_format(plain, f), {}), ArgumentError);
+  // mu or lambda alone, in a format without per-layer entries (they are the cache's), rewrite
+  // the stored codes as much: refused too.
+  const CacheDims& d = plain.layout().dims;
+  CacheFormat mu_only, lambda_only;
+  mu_only.k_mean.assign(size_t(d.layers * d.heads * d.head_dim), 0.5f);
+  lambda_only.k_channel_scale.assign(size_t(d.layers * d.heads * d.head_dim), 2.0f);
+  for (const CacheFormat& g : {mu_only, lambda_only}) {
+    ASSERT_TRUE(g.implicit());
+    EXPECT_THROW(generate(with_format(plain, g), {}), ArgumentError);
+  }
 }
 
 TEST(CheckWrite, TheReferenceStoreIsExact) {
