@@ -160,10 +160,12 @@ CacheFormat random_format(int64_t kv_heads, int64_t head_dim, int64_t k_rotation
     for (float& m : f.k_mean) m = n(rng);
   }
   if (channel_scale) {
+    // 2^e x {1, 1.25, 1.5, 1.75}: three significant bits, so a BF16 query times lambda is exact
+    // in FP16 (the tensor cores' operand) and the tests see lambda's arithmetic, not rounding.
     std::mt19937 rng{uint32_t(seed) ^ 0x9E3779B9u};
-    std::uniform_real_distribution<float> e(-2.0f, 2.0f);
+    std::uniform_int_distribution<int> e(-2, 1), m(0, 3);
     f.k_channel_scale.resize(size_t(kv_heads * head_dim));
-    for (float& x : f.k_channel_scale) x = std::exp2(e(rng));
+    for (float& x : f.k_channel_scale) x = std::ldexp(1.0f + 0.25f * float(m(rng)), e(rng));
   }
   return f;
 }

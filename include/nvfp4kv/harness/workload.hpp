@@ -68,7 +68,8 @@ int64_t poison_unread_slots(const ValidLayout& layout, int64_t layer, const std:
 // A one-layer cache format over random stored values: K's and V's rotations (kNoRotation,
 // a block size or kRotateWholeHead), with `mean` a K smoothing vector mu ~ N(0, 2) per
 // (head, channel), the size of random_cache's K values, and with `channel_scale` a K channel
-// scale lambda = 2^u, u uniform in [-2, 2], per (head, channel). Without rotations the format
+// scale lambda = 2^e x {1, 1.25, 1.5, 1.75}, e in [-2, 1], per (head, channel) (three significant
+// bits: a BF16 query times lambda is exact in FP16). Without rotations the format
 // has no per-layer entries: mu and lambda alone (they are the cache's).
 CacheFormat random_format(int64_t kv_heads, int64_t head_dim, int64_t k_rotation, int64_t v_rotation, bool mean,
                           uint64_t seed, bool channel_scale = false);
