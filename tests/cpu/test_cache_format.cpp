@@ -59,10 +59,15 @@ TEST(CacheFormat, ValidatesNamingTheField) {
             std::string::npos);
   f.k_channel_scale.assign(256, 0.75f);
   EXPECT_EQ(problem_of(f, dims(2, 2, 64)), "");
-  for (float bad : {0.0f, -0.5f, 1.0e-40f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+  for (float bad : {0.0f, -0.5f, 1.0e-40f, 1.0e-5f, 70000.0f, std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()}) {
     f.k_channel_scale[size_t((0 * 2 + 1) * 64 + 9)] = bad;
     EXPECT_NE(problem_of(f, dims(2, 2, 64)).find("format.k_channel_scale[0][1][9]: "), std::string::npos) << bad;
-    EXPECT_NE(problem_of(f, dims(2, 2, 64)).find("is not a finite, positive, normal float"), std::string::npos) << bad;
+    EXPECT_NE(problem_of(f, dims(2, 2, 64)).find("is not a float in [2^-16, 2^16]"), std::string::npos) << bad;
+  }
+  for (float edge : {0x1p-16f, 0x1p16f}) {
+    f.k_channel_scale[size_t((0 * 2 + 1) * 64 + 9)] = edge;
+    EXPECT_EQ(problem_of(f, dims(2, 2, 64)), "") << edge;
   }
   f.k_channel_scale.clear();
   f.k_mean[size_t((1 * 2 + 1) * 64 + 5)] = std::numeric_limits<float>::quiet_NaN();
@@ -120,6 +125,22 @@ TEST(CacheFormat, TransformsSaysWhenAttentionNeedsItsSteps) {
   EXPECT_EQ(format_problem(all, dims(1, 2, 64)), "");
   for (const char* bad : {"", "rotate-k+", "rotate-q", "plain+rotate-k", "rotate-k+rotate-k"})
     EXPECT_THROW(harness::transform_format(bad, 2, 64, 1), ArgumentError) << bad;
+}
+
+// `layout show`'s lines: mu and lambda are the cache's, so a format without per-layer entries
+// that holds them is not plain NVFP4 and says so.
+TEST(CacheFormat, TextNamesEveryTransform) {
+  const CacheDims d = dims(1, 2, 64);
+  EXPECT_NE(format_text(CacheFormat{}, d).find("plain NVFP4 for K and V in every layer"), std::string::npos);
+  const CacheFormat lambda = harness::transform_format("scale-k", 2, 64, 1);
+  const std::string t = format_text(lambda, d);
+  EXPECT_EQ(t.find("plain NVFP4"), std::string::npos) << t;
+  EXPECT_NE(t.find("K channel scale: lambda (1, 2, 64) in ["), std::string::npos) << t;
+  EXPECT_NE(t.find("K smoothing: none"), std::string::npos) << t;
+  EXPECT_NE(t.find("bits per value: 4.5"), std::string::npos) << t;
+  const std::string m = format_text(harness::transform_format("smooth-k+rotate-k", 2, 64, 1), d);
+  EXPECT_NE(m.find("K smoothing: mu (1, 2, 64)"), std::string::npos) << m;
+  EXPECT_EQ(m.find("K channel scale"), std::string::npos) << m;
 }
 
 TEST(CacheFormat, RotationBlocks) {
@@ -407,6 +428,61 @@ TEST_F(StoredFormat, GatherUndoesTheTransformsAndASkippingReaderFails) {
   reference::gather(layout, cache.buffers, a);
   EXPECT_EQ(k, skipping.k);
   EXPECT_EQ(v, skipping.v);
+}
+
+// lambda alone (a format without per-layer entries: no rotation, no mu): the stored K is the
+// block rule on k / lambda in float32, gather multiplies back, attention equals attention over
+// what gather restores; a reader without lambda is off.
+TEST(StoredFormatLambda, AloneIsStoredReadAndAttendedOver) {
+  Fixture x;
+  CacheFormat f;
+  f.k_channel_scale = x.lambda;
+  const ValidLayout layout = with_format(x.plain, f);
+  reference::HostCache cache(layout.layout(), 0xA5);
+  const float gs = recommend_global_scale(64.0f);
+  store_layer(layout, cache, x, 1, gs);
+  const CacheDims& d = layout.layout().dims;
+  const SideRegions reg = side_regions(Side::kK);
+  for (int64_t t = 0; t < Fixture::kTokens; ++t)
+    for (int64_t h = 0; h < d.heads; ++h) {
+      std::vector<float> row(x.k.begin() + (t * d.heads + h) * d.head_dim, x.k.begin() + (t * d.heads + h + 1) * d.head_dim);
+      for (int64_t e = 0; e < d.head_dim; ++e) row[size_t(e)] /= x.lambda[size_t((1 * d.heads + h) * d.head_dim + e)];
+      for (int64_t g = 0; g < d.scale_bytes(); ++g) {
+        const QuantizedBlock q = quantize_block(row.data() + g * 16, gs, ScaleRule::kStandard);
+        ASSERT_EQ(*element_address(layout.layout(), cache.buffers, reg.scale, Coord{1, t / 16, t % 16, h, g}), q.scale);
+        for (int j = 0; j < 8; ++j)
+          ASSERT_EQ(*element_address(layout.layout(), cache.buffers, reg.data, Coord{1, t / 16, t % 16, h, g * 8 + j}),
+                    layout.layout().codes.encode(q.packed[j]));
+      }
+    }
+  const std::vector<int32_t> pages{0, 1, 2};
+  const auto right = reference::gather_sequence(layout, cache.buffers, pages, Fixture::kTokens, 1, gs, gs);
+  const auto skipping = reference::gather_sequence(x.plain, cache.buffers, pages, Fixture::kTokens, 1, gs, gs);
+  EXPECT_LT(rel_l2(x.k, right.k), 0.15);
+  EXPECT_GT(rel_l2(x.k, skipping.k), 0.1);
+  EXPECT_EQ(right.v, skipping.v);  // V untouched
+  const int64_t q_heads = 4, dim = d.head_dim;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> q(size_t(q_heads * dim));
+  for (float& e : q) e = n(rng);
+  const std::vector<double> qd(q.begin(), q.end()), kd(right.k.begin(), right.k.end()), vd(right.v.begin(), right.v.end());
+  std::vector<double> want(static_cast<size_t>(q_heads * dim)), lse(static_cast<size_t>(q_heads));
+  reference::attend(qd.data(), q_heads, kd.data(), vd.data(), Fixture::kTokens, d.heads, dim, {.softmax_scale = 0.125},
+                    want.data(), lse.data());
+  const int32_t len = int32_t(Fixture::kTokens);
+  const DecodeArgs a{.q = q.data(), .q_type = ElementType::kFloat32, .q_heads = q_heads,
+                     .batch = {.block_table = pages.data(), .block_table_stride = 3, .seq_lens = &len, .batch = 1},
+                     .layer = 1, .softmax_scale = 0.125f, .k_global_scale = &gs, .v_global_scale = &gs};
+  const auto diff = [&](const ValidLayout& reader) {
+    const auto got = reference::decode_attention(reader, cache.buffers, a);
+    double m = 0;
+    for (size_t i = 0; i < want.size(); ++i) m = std::max(m, std::fabs(got.out[i] - want[i]));
+    for (size_t i = 0; i < lse.size(); ++i) m = std::max(m, std::fabs(got.lse[i] - lse[i]));
+    return m;
+  };
+  EXPECT_LT(diff(layout), 2e-6);  // gather's float32 rounding of the restored K
+  EXPECT_GT(diff(x.plain), 1e-2);
 }
 
 // Attention over the transformed cache equals, in float64, attention over the original-domain

@@ -332,8 +332,8 @@ TEST(Fp8Reference, GatherDecodesEachSideByItsElements) {
   EXPECT_LT(err[1] * 3, err[0]) << "fp8 " << err[1] << " nvfp4 " << err[0];
 }
 
-// Decode and prefill over every element combination, with a rotation and K smoothing on
-// the FP8 side too, equal attention in float64 over the values gather restores; a reader
+// Decode and prefill over every element combination, with a rotation, K smoothing and K's
+// channel scale on the FP8 side too, equal attention in float64 over the values gather restores; a reader
 // whose layout holds K as NVFP4 cannot be attached to these bytes (compare refuses it).
 TEST(Fp8Reference, AttentionOverEveryCombinationEqualsFloat64) {
   const Rows r(5);
@@ -357,6 +357,8 @@ TEST(Fp8Reference, AttentionOverEveryCombinationEqualsFloat64) {
           f.layers[0].k = {k, ScaleRule::kStandard, 32};
           f.layers[0].v = {v, ScaleRule::kStandard, kRotateWholeHead};
           f.k_mean = mu;
+          f.k_channel_scale.assign(mu.size(), 1.0f);  // lambda, not a power of two on every third channel
+          for (size_t i = 0; i < mu.size(); i += 3) f.k_channel_scale[i] = (i % 2) ? 0.7f : 1.3f;
           l = with_format(l, f);
         }
         reference::HostCache cache(l.layout(), 0);
