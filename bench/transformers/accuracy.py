@@ -232,14 +232,16 @@ class PolicyCache(DynamicCache):
         layers, heads, dim = nt._kv_dims(config)
         fmt = cal["format"]
         self.formats = fmt["layers"] if len(fmt["layers"]) > 1 else fmt["layers"] * layers
-        mean = fmt.get("k_mean")
+        mean, lam = fmt.get("k_mean"), fmt.get("k_channel_scale")
         self.mu = np.asarray(mean, np.float32).reshape(layers, heads, dim) if mean else np.zeros((layers, heads, dim),
                                                                                              np.float32)
+        self.lam = np.asarray(lam, np.float32).reshape(layers, heads, dim) if lam is not None else None
         self.scales = [(p["k_global_scale"], p["v_global_scale"]) for p in cal["per_layer"]]
 
     def _side(self, x: torch.Tensor, layer: int, side: int) -> torch.Tensor:
         f = self.formats[layer]["k" if side == 0 else "v"]
-        return nt._through_format(x, f, self.scales[layer][side], self.mu[layer] if side == 0 else None)
+        return nt._through_format(x, f, self.scales[layer][side], self.mu[layer] if side == 0 else None,
+                                  self.lam[layer] if side == 0 and self.lam is not None else None)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         return super().update(self._side(key_states, layer_idx, 0), self._side(value_states, layer_idx, 1), layer_idx,

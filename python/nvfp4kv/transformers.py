@@ -211,7 +211,8 @@ class KVCache(Cache):
     rule:        the store's scale rule, "standard" or "4over6" (without ``format``).
     format:      the cache format (nvfp4kv.with_format: a dict, JSON text or path): per layer and
                  tensor the element format (NVFP4 or FP8 E4M3), the scale rule, a Hadamard rotation,
-                 K smoothing mu; the writer and every reader take it from the one layout object.
+                 K smoothing mu and K's channel scale lambda; the writer and every reader take it
+                 from the one layout object.
                  Layers whose K/V elements differ live in one native cache per combination
                  (``writers``, ``route(layer)``). The CPU reference and the CUDA kernels implement
                  every format. Its rules replace ``rule``.
@@ -734,8 +735,8 @@ def _through_format(x: torch.Tensor, side_format: Dict[str, Any], global_scale: 
 
 class _SidesCache(DynamicCache):
     """A DynamicCache that keeps the K and V of the (layer, side) pairs in ``sides`` ("k" or "v") as
-    the calibration ``cal``'s format gives them back (_through_format with its global scales and K
-    mean); every other side exact."""
+    the calibration ``cal``'s format gives them back (_through_format with its global scales, K
+    mean and K channel scale); every other side exact."""
 
     def __init__(self, config: Any, cal: Dict[str, Any], sides: Set[Tuple[int, str]]):
         super().__init__(config=config)

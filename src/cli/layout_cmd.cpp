@@ -167,7 +167,7 @@ int cmd_show(const Args& a) {
                           {"bytes_per_token_per_layer", double(l.total_bytes()) / double(cells * l.dims.layers)},
                           {"check", check_json(res.report)},
                           {"layout_json", layout_json(l)},
-                          {"format", {{"implicit", format.implicit()},
+                          {"format", {{"implicit", format.implicit() && !format.transforms()},
                                       {"bits_per_value", format.implicit() ? bits_per_value(l.dims)
                                                                            : bits_per_value(format, l.dims.layers)},
                                       {"format_json", Json::parse(format_to_json(format))}}}});

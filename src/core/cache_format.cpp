@@ -155,14 +155,16 @@ std::string per_channel_problem(const std::vector<float>& x, const char* name, b
            std::to_string(d.layers) + ", heads " + std::to_string(d.heads) + ", D " + std::to_string(d.head_dim) +
            ") = " + std::to_string(want);
   for (size_t i = 0; i < x.size(); ++i) {
-    const bool bad = positive ? !(std::isnormal(x[i]) && x[i] > 0) : !std::isfinite(x[i]);
+    // lambda within 2^+-16: a query times lambda stays finite in float32 wherever the query is
+    // (and K - mu over lambda wherever K - mu is), as the GPU's query step needs.
+    const bool bad = positive ? !(std::isnormal(x[i]) && x[i] >= 0x1p-16f && x[i] <= 0x1p16f) : !std::isfinite(x[i]);
     if (bad) {
       const int64_t e = int64_t(i) % d.head_dim, h = int64_t(i) / d.head_dim % d.heads,
                     l = int64_t(i) / d.head_dim / d.heads;
       std::ostringstream v;
       v << x[i];
       return std::string("format.") + name + "[" + std::to_string(l) + "][" + std::to_string(h) + "][" +
-             std::to_string(e) + "]: " + v.str() + (positive ? " is not a finite, positive, normal float" : " is not finite");
+             std::to_string(e) + "]: " + v.str() + (positive ? " is not a float in [2^-16, 2^16]" : " is not finite");
     }
   }
   return "";
@@ -264,7 +266,7 @@ CacheFormat load_format(const std::string& path) {
 
 std::string format_text(const CacheFormat& f, const CacheDims& d) {
   std::ostringstream s;
-  if (f.implicit()) {
+  if (f.implicit() && !f.transforms()) {
     if (!d.fp8(Side::kK) && !d.fp8(Side::kV)) {
       s << "  plain NVFP4 for K and V in every layer (scale rule per store call), 4.5 bits per value\n";
     } else {
@@ -274,8 +276,12 @@ std::string format_text(const CacheFormat& f, const CacheDims& d) {
     }
     return s.str();
   }
+  if (f.implicit()) {  // mu or lambda alone: they are the cache's, not a layer's
+    s << "  every layer: K " << element_format_name(d.k_element) << ", V " << element_format_name(d.v_element)
+      << " (the layout's elements), no rotation, scale rule per store call (" << bits_per_value(d) << " bits)\n";
+  }
   // Runs of equal layers: "layers 0-7: K nvfp4 standard, V nvfp4 standard (4.5 bits)".
-  const int64_t n = f.layers.size() == 1 ? d.layers : int64_t(f.layers.size());
+  const int64_t n = f.implicit() ? 0 : f.layers.size() == 1 ? d.layers : int64_t(f.layers.size());
   for (int64_t first = 0; first < n;) {
     int64_t last = first;
     while (last + 1 < n && f.layer(last + 1) == f.layer(first)) ++last;
@@ -299,7 +305,7 @@ std::string format_text(const CacheFormat& f, const CacheDims& d) {
     s << "  K channel scale: lambda (" << d.layers << ", " << d.heads << ", " << d.head_dim << ") in [" << lo << ", "
       << hi << "]\n";
   }
-  s << "  bits per value: " << bits_per_value(f, d.layers) << "\n";
+  s << "  bits per value: " << (f.implicit() ? bits_per_value(d) : bits_per_value(f, d.layers)) << "\n";
   return s.str();
 }
 

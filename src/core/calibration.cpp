@@ -205,6 +205,12 @@ Calibration parse_calibration(std::string_view text) {
   c.format = parse_format(field(doc, "format", root).dump());
   const CacheDims dims{c.layers, 1, 1, c.heads, c.head_dim};
   if (std::string p = format_problem(c.format, dims); !p.empty()) throw LayoutError("calibration." + p);
+  // The calibration's global scales are measured on K - mu; a lambda in its format would change
+  // the values they must cover, and calibrate does not choose lambda yet.
+  if (c.format.has_k_channel_scale())
+    throw LayoutError("calibration.format.k_channel_scale: a calibration does not choose K's channel scale yet, "
+                      "so its global scales do not cover one; give the format with lambda and its global scales to "
+                      "the cache directly (docs/format.md)");
   return c;
 }
 

@@ -94,6 +94,16 @@ TEST(Calibration, FileRoundTripsAndRefusesWhatDoesNotFit) {
   refused("\"best_mode\": \"rotation\"", "\"best_mode\": \"spin\"", "calibration.per_layer[1].best_mode");
   refused("\"samples\": 100", "\"samples\": 100, \"extra\": 1", "unknown key \"extra\"");
   refused("\"k_global_scale\": 0.015625", "\"k_global_scale\": 0", "calibration.per_layer[0].k_global_scale");
+  // A format with lambda: the calibration's global scales were not measured for it.
+  Calibration scaled = c;
+  scaled.format.k_channel_scale.assign(size_t(3 * 2 * 32), 0.5f);
+  try {
+    parse_calibration(calibration_to_json(scaled));
+    ADD_FAILURE() << "a calibration whose format holds lambda was read";
+  } catch (const LayoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("calibration.format.k_channel_scale: a calibration does not choose"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST(Calibration, ModelKlRanksTheLayersAndIsVersioned) {

@@ -55,7 +55,7 @@ struct CacheFormat {
   // channel scale. The writer stores H((k - mu) / lambda), so readers multiply the query by
   // lambda before rotating it (q . k = (H (lambda q)) . stored + q . mu) and gather
   // multiplies the restored row by lambda before adding mu. Chosen against the queries'
-  // energy (docs/calibration.md), it evens out the quantization error each channel adds
+  // energy (docs/accuracy.md), it evens out the quantization error each channel adds
   // to the scores.
   std::vector<float> k_channel_scale;
 

@@ -36,7 +36,7 @@ struct LayerFormatView {
     return k.element == ElementFormat::kFp8E4M3 || v.element == ElementFormat::kFp8E4M3;
   }
   NVFP4KV_HD bool transformed() const { return k.transformed() || v.transformed(); }
-  // What the vectorized store takes: nothing rotated or smoothed, and the NVFP4 sides (an FP8
+  // What the vectorized store takes: nothing rotated, smoothed or channel-scaled, and the NVFP4 sides (an FP8
   // side has no block scales, so no rule) under one scale rule, nvfp4_rule().
   NVFP4KV_HD bool vector_store() const { return !transformed() && (holds_fp8() || k.rule == v.rule); }
   NVFP4KV_HD ScaleRule nvfp4_rule() const { return k.element == ElementFormat::kNvfp4 ? k.rule : v.rule; }

@@ -101,7 +101,7 @@ struct StageMask {
 // kShort: the short-query route, a block's rows (query token, head) pairs with a
 // causal limit per token (core/decode_plan.hpp, short_query_fits); else one query
 // token per sequence, the rows its group's heads. kSteps: the layer's format rotates
-// or smooths (common/format_view.hpp), so the query and output steps are compiled in;
+// smooths or channel-scales K (common/format_view.hpp), so the query and output steps are compiled in;
 // without it the instance has no instruction for them (an option that is off costs
 // nothing: with the steps in every instance, plain caches ran 1-7 % slower, runs 64-66).
 template <int kD, int kGroupRows, ElementType kType, bool kSoftcap, bool kShort, bool kSteps, class Formats>

@@ -672,7 +672,7 @@ __device__ __noinline__ OTile<kD> unrotated(OTile<kD> t, int n_rot, int c) {
   return t;
 }
 
-// kSteps: the layer's format rotates or smooths (common/format_view.hpp): the query and output
+// kSteps: the layer's format rotates, smooths or channel-scales K (common/format_view.hpp): the query and output
 // steps are compiled in; without it the instance has no instruction for them (in every
 // instance, they cost plain caches up to 7 % at D 128, runs 64-66). kFp8: the layout holds a
 // side in FP8 (with kSteps only): the producers' FP8 loop is the instance's one loop.
