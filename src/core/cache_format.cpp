@@ -146,7 +146,7 @@ int64_t rotation_block(int64_t rotation, int64_t head_dim) {
 
 namespace {
 // A (layers, heads, D) vector of the format (empty: absent): its size, and every value finite
-// (positive and normal where `positive`: lambda divides, and a subnormal one would overflow).
+// (within [2^-16, 2^16] where `positive`: lambda divides K and multiplies q).
 std::string per_channel_problem(const std::vector<float>& x, const char* name, bool positive, const CacheDims& d) {
   if (x.empty()) return "";
   const int64_t want = d.layers * d.heads * d.head_dim;

@@ -51,7 +51,7 @@ struct CacheFormat {
   // Empty, or (layers, heads, D) floats, finite: mu, subtracted from K before it is
   // rotated and quantized; readers add q.mu back to every score.
   std::vector<float> k_mean;
-  // Empty, or (layers, heads, D) floats, each finite, positive and normal: lambda, K's
+  // Empty, or (layers, heads, D) floats, each in [2^-16, 2^16]: lambda, K's
   // channel scale. The writer stores H((k - mu) / lambda), so readers multiply the query by
   // lambda before rotating it (q . k = (H (lambda q)) . stored + q . mu) and gather
   // multiplies the restored row by lambda before adding mu. Chosen against the queries'
